@@ -1,0 +1,19 @@
+# env-ab: does changing only the environment infrastructure of a computer-use RL run reach the
+# same held-out success faster or cheaper? This file is the table of contents; the rules live in
+# rules/ by topic, the experiment is pre-registered in preregistration/target.yaml.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/freeze.smk"
+
+
+rule all:
+    input:
+        all_inputs(),
+    default_target: True

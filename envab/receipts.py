@@ -1,0 +1,82 @@
+"""Receipts: what a run writes for reviewers, one JSON file per frozen item.
+
+Layout follows the in-toto Statement: ``subject[]`` lists the files the receipt vouches for, each
+with ``digest.sha256``; ``predicate`` holds what was recorded, including ``depends_on``: the
+receipts this one builds on, named by path and digest, so tampering with any one shows in
+``verify`` on every receipt that depends on it. Paths are relative to the workflow's working
+directory.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import subprocess
+from pathlib import Path
+
+from envab.hashing import sha256_file
+from envab.io import atomic_write_json
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_PREFIX = "https://env-ab.dev/receipt/"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def repo_commit(root: str | Path = ".") -> dict:
+    """The git commit the code came from, and whether the work tree had changes; nulls if none."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def subject(path: str | Path, digest: str | None = None) -> dict:
+    path = Path(path)
+    return {"name": path.as_posix(), "digest": {"sha256": digest or sha256_file(path)}}
+
+
+def write_receipt(
+    path: str | Path,
+    kind: str,
+    subjects: list[dict],
+    predicate: dict,
+    depends_on: list[str | Path] = (),
+) -> dict:
+    """Write a receipt atomically and return it. `kind` names the predicate type."""
+    statement = {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_PREFIX + kind + "/v1",
+        "predicate": {
+            **predicate,
+            "depends_on": [subject(p) for p in depends_on],
+            "written_utc": utc_now(),
+        },
+    }
+    atomic_write_json(path, statement)
+    return statement
+
+
+def read_receipt(path: str | Path) -> dict:
+    with open(path) as f:
+        statement = json.load(f)
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        raise ValueError(f"{path}: not an env-ab receipt (no in-toto Statement _type)")
+    return statement
+
+
+def receipt_dir(experiment_id: str, root: str | Path = ".") -> Path:
+    return Path(root) / "receipts" / experiment_id

@@ -1,0 +1,186 @@
+"""The worker process: one environment (one desktop) per process, driven over a `Channel`.
+
+The host starts one *zygote* (`python -m envs.host.worker --fd N --mode M`), which holds the
+prepared blank desktop of each screen size and forks a fresh worker per environment, so no
+environment pays for an interpreter start. What a new worker does next is the arm's difference:
+
+- restore mode: `Desktop.restore(snapshot)` from the saved bytes of the prepared desktop, then the
+  task's set-up;
+- fork mode: the prepared desktop is already in the worker's (copy-on-write) memory; the task's
+  set-up runs on it. A running worker forks into n children (`os.fork`) in exactly its state.
+
+Fault injection (armed by the host, which refuses it unless started with --allow-faults) lives
+here, where a real failure would happen: the process dies, stalls, restores a corrupt snapshot or
+paints a blank screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import os
+import signal
+import sys
+import time
+
+from PIL import Image
+
+from envs.host.channel import Channel, ChannelClosed
+
+
+def load_object(spec: str):
+    """Import "package.module:attribute"."""
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"import spec {spec!r} must look like 'package.module:attribute'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG", compress_level=1)  # speed over size: screens are small
+    return buf.getvalue()
+
+
+def corrupt_snapshot(desktop_cls, blob: bytes) -> bytes:
+    """A dirty restore: the snapshot of a prepared desktop that an earlier episode already used.
+
+    This is the failure the state-hash gate exists for: the restore succeeds, the task's set-up
+    runs and the screen looks plausible, but the state is not the one the task was made from.
+    """
+    used = desktop_cls.restore(blob)
+    used.apply({"action_type": "DONE", "parameters": {}})
+    return used.snapshot()
+
+
+class Worker:
+    def __init__(self, channel: Channel, mode: str, desktop_cls):
+        self.channel = channel
+        self.mode = mode
+        self.desktop_cls = desktop_cls
+        self.desktop = None
+        self.faults: dict = {}
+        self.steps = 0
+        # zygote only: screen size -> prepared desktop (fork mode) or its snapshot (restore mode)
+        self.templates: dict[tuple[int, int], object] = {}
+
+    def serve(self) -> None:
+        while True:
+            try:
+                message = self.channel.recv()
+            except ChannelClosed:
+                os._exit(0)  # the host is gone or closed us; nothing to flush
+            op, *args = message
+            if op == "fork":
+                self.fork(*args)
+                continue
+            if op == "close":
+                os._exit(0)
+            try:
+                reply = getattr(self, f"op_{op}")(*args)
+            except Exception as e:  # reported to the host, which turns it into a gate
+                reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+            try:
+                self.channel.send(reply)
+            except ChannelClosed:
+                os._exit(0)
+
+    # --- process management -------------------------------------------------------------
+
+    def fork(self, n: int, size: tuple[int, int] | None = None) -> None:
+        """Fork n children, each served over one of the n descriptors that follow."""
+        fds = self.channel.recv_fds(n)
+        if size is not None:
+            self.prepare(tuple(size))
+        pids = []
+        for i, fd in enumerate(fds):
+            pid = os.fork()
+            if pid == 0:
+                for other in fds[:i] + fds[i + 1 :]:
+                    os.close(other)
+                self.channel.close()
+                self.channel = Channel.from_fd(fd)
+                self.faults = {}  # faults are armed per environment, not inherited
+                state = self.desktop.state_hash() if self.desktop is not None else None
+                self.channel.send({"pid": os.getpid(), "state_sha256": state})
+                return  # back to serve(), now as the child
+            pids.append(pid)
+        for fd in fds:
+            os.close(fd)
+        self.channel.send({"pids": pids})
+
+    def prepare(self, size: tuple[int, int]) -> None:
+        """Build the prepared blank desktop of this size once (zygote)."""
+        if size in self.templates:
+            return
+        desktop = self.desktop_cls(*size)
+        self.templates[size] = desktop if self.mode == "fork" else desktop.snapshot()
+
+    # --- operations ---------------------------------------------------------------------
+
+    def op_init(self, size, config, faults) -> dict:
+        size = tuple(size)
+        self.faults = dict(faults or {})
+        template = self.templates[size]
+        t0 = time.perf_counter()
+        if self.mode == "restore":
+            blob = template
+            if self.faults.get("corrupt_restore"):
+                blob = corrupt_snapshot(self.desktop_cls, blob)
+            self.desktop = self.desktop_cls.restore(blob)
+        else:
+            self.desktop = template  # this process's private copy-on-write copy
+            if self.faults.get("corrupt_restore"):
+                blob = corrupt_snapshot(self.desktop_cls, self.desktop.snapshot())
+                self.desktop = self.desktop_cls.restore(blob)
+        self.templates = {}
+        t1 = time.perf_counter()
+        self.desktop.setup(config)
+        t2 = time.perf_counter()
+        return {
+            "state_sha256": self.desktop.state_hash(),
+            "screenshot": png_bytes(self.desktop.screenshot()),
+            "timings": {"restore_s": t1 - t0, "setup_s": t2 - t1},
+        }
+
+    def op_step(self, action) -> dict:
+        self.steps += 1
+        if self.faults.get("kill_at_step") == self.steps:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.faults.get("stall_at_step") == self.steps:
+            time.sleep(float(self.faults.get("stall_s", 3600)))
+        try:
+            self.desktop.apply(action)
+        except ValueError as e:  # the policy's mistake (off-screen, after DONE): state unchanged
+            self.steps -= 1
+            return {"rejected": str(e).splitlines()[0]}
+        image = self.desktop.screenshot()
+        if self.faults.get("blank_at_step") == self.steps:
+            image = Image.new("RGB", image.size)
+        return {"screenshot": png_bytes(image), "state_sha256": self.desktop.state_hash()}
+
+    def op_state(self) -> dict:
+        return {"state": self.desktop.state(), "state_sha256": self.desktop.state_hash()}
+
+    def op_ping(self) -> dict:
+        return {"pid": os.getpid()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="env-ab worker zygote (started by the host)")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--mode", choices=["restore", "fork"], required=True)
+    parser.add_argument("--desktop", default="envs.desktop:Desktop")
+    args = parser.parse_args(argv)
+    # Children are reaped by the kernel: the host watches them through their channels.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when we stop
+    channel = Channel.from_fd(args.fd)
+    worker = Worker(channel, args.mode, load_object(args.desktop))
+    channel.send({"pid": os.getpid()})
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

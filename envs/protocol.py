@@ -1,0 +1,256 @@
+"""The session protocol every environment backend speaks (embedded host, Drums, QEMU pool).
+
+A backend creates one session per task; a session is one environment running one episode:
+
+    with backend.create(task) as session:         # the task's set-up has run, gates checked
+        obs = session.observation                 # first screenshot, generation 0
+        while obs.valid and not obs.done:
+            obs = session.step(policy(obs))       # one action -> next screenshot + generation
+        verification = session.verify()           # score + verdict + failed gates + audit
+
+`fork(n)` turns a prepared session into n children in exactly its state (for GRPO groups from
+one reached state); a backend that cannot fork raises `ForkUnsupported`.
+
+Three outcomes, never two: a valid episode carries a score (1.0 or 0.0); an episode where any
+gate failed is *invalid*, carries no score at all (`score is None`), and names its verdict and the
+gates that failed. An invalid episode is never scored 0.
+
+Verdicts (the one place they are defined):
+
+    valid                 every gate passed and the checker ran
+    env_failure           the environment broke: worker died, set-up failed, host unreachable
+    state_mismatch        contamination: the state after restore/fork is not the expected state
+    stale_generation      an action was chosen from an old screenshot (generation mismatch)
+    timeout               a step or set-up took longer than its limit
+    blank_screen          the screenshot was a single colour (a black or dead display)
+    verifier_unavailable  the checker could not run (crashed, or the verifier was unreachable)
+
+Gates (what is checked, and the verdict its failure gives): see `GATE_VERDICT`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from PIL import Image
+
+
+class Verdict(StrEnum):
+    VALID = "valid"
+    ENV_FAILURE = "env_failure"
+    STATE_MISMATCH = "state_mismatch"
+    STALE_GENERATION = "stale_generation"
+    TIMEOUT = "timeout"
+    BLANK_SCREEN = "blank_screen"
+    VERIFIER_UNAVAILABLE = "verifier_unavailable"
+
+
+class Gate(StrEnum):
+    STATE_HASH = "state_hash"  # state after restore/fork == the expected (task's or parent's) hash
+    SETUP = "setup"  # the task's set-up ran without error
+    GENERATION = "generation"  # the action was chosen from the current screenshot
+    WORKER_ALIVE = "worker_alive"  # the environment's process is alive and answering
+    HOST_REACHABLE = "host_reachable"  # the client reached the host (client side only)
+    STEP_TIMEOUT = "step_timeout"  # the step (or set-up) finished within its limit
+    SCREEN_NOT_BLANK = "screen_not_blank"  # the screenshot is not a single colour
+    VERIFIER_AVAILABLE = "verifier_available"  # the checker ran and gave 0 or 1
+
+
+GATE_VERDICT: dict[Gate, Verdict] = {
+    Gate.STATE_HASH: Verdict.STATE_MISMATCH,
+    Gate.SETUP: Verdict.ENV_FAILURE,
+    Gate.GENERATION: Verdict.STALE_GENERATION,
+    Gate.WORKER_ALIVE: Verdict.ENV_FAILURE,
+    Gate.HOST_REACHABLE: Verdict.ENV_FAILURE,
+    Gate.STEP_TIMEOUT: Verdict.TIMEOUT,
+    Gate.SCREEN_NOT_BLANK: Verdict.BLANK_SCREEN,
+    Gate.VERIFIER_AVAILABLE: Verdict.VERIFIER_UNAVAILABLE,
+}
+
+# computer_13 subset, with the parameters each action needs (pixel coordinates). Optional ones
+# (SCROLL dx/x/y, CLICK button/num_clicks) pass through; the backend checks them in detail.
+ACTION_PARAMETERS: dict[str, dict[str, type]] = {
+    "CLICK": {"x": int, "y": int},
+    "DOUBLE_CLICK": {"x": int, "y": int},
+    "TYPING": {"text": str},
+    "PRESS": {"key": str},
+    "SCROLL": {"dy": int},
+    "DONE": {},
+    "FAIL": {},
+}
+TERMINAL_ACTIONS = frozenset({"DONE", "FAIL"})
+
+
+class ForkUnsupported(NotImplementedError):
+    """This backend cannot fork a running environment; create n sessions instead."""
+
+
+def check_action(action: Any) -> dict:
+    """Return `action` as {"action_type", "parameters"} or raise ValueError naming what is wrong."""
+    if not isinstance(action, Mapping):
+        raise ValueError(f"action must be an object, got {type(action).__name__}")
+    kind = action.get("action_type")
+    if kind not in ACTION_PARAMETERS:
+        raise ValueError(f"action_type {kind!r} is not one of {sorted(ACTION_PARAMETERS)}")
+    params = action.get("parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{kind}: parameters must be an object")
+    for name, typ in ACTION_PARAMETERS[kind].items():
+        value = params.get(name)
+        # bool is an int in Python; a coordinate of True is a mistake.
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise ValueError(f"{kind}: parameter {name!r} must be {typ.__name__}, got {value!r}")
+    return {"action_type": kind, "parameters": dict(params)}
+
+
+def verdict_for(failed_gates: tuple[str, ...] | list[str]) -> Verdict:
+    """The verdict of an episode from the gates that failed (the first failure decides)."""
+    if not failed_gates:
+        return Verdict.VALID
+    return GATE_VERDICT[Gate(failed_gates[0])]
+
+
+def is_blank(image: Image.Image) -> bool:
+    """A screenshot of a single colour: a black, white or otherwise dead display."""
+    extrema = image.getextrema()
+    if isinstance(extrema[0], int):  # single-band image
+        extrema = (extrema,)
+    return all(lo == hi for lo, hi in extrema)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent sees after create/fork/step: a screenshot and its generation number.
+
+    `valid` is False once a gate failed; the screenshot is then None and the episode is over.
+    """
+
+    generation: int
+    screenshot: Image.Image | None
+    valid: bool = True
+    verdict: str = Verdict.VALID
+    failed_gates: tuple[str, ...] = ()
+    done: bool = False  # the last action was DONE or FAIL
+    state_sha256: str | None = None
+
+    def __post_init__(self):
+        if self.valid != (self.verdict == Verdict.VALID):
+            raise ValueError(f"observation valid={self.valid} contradicts verdict {self.verdict}")
+
+
+@dataclass(frozen=True)
+class Verification(Mapping):
+    """The verifier's answer: score + verdict + failed gates + audit.
+
+    Also a read-only mapping (`v["score"]`, `dict(v)`), so duck-typed callers that expect the
+    JSON object of the Drums protocol work unchanged; `to_dict()` gives a JSON-ready copy.
+    """
+
+    score: float | None
+    valid: bool
+    verdict: str
+    failed_gates: tuple[str, ...] = ()
+    audit: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.valid != (self.verdict == Verdict.VALID):
+            raise ValueError(f"verification valid={self.valid} contradicts verdict {self.verdict}")
+        if not self.valid and self.score is not None:
+            raise ValueError(f"an invalid episode ({self.verdict}) carries no score")
+        if self.valid and self.score not in (0.0, 1.0):
+            raise ValueError(f"a valid episode's score is 0.0 or 1.0, got {self.score!r}")
+
+    @classmethod
+    def invalid(cls, failed_gates: list[str] | tuple[str, ...], **audit) -> Verification:
+        gates = tuple(str(g) for g in failed_gates)
+        return cls(None, False, str(verdict_for(gates)), gates, dict(audit))
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Verification:
+        return cls(
+            score=None if d.get("score") is None else float(d["score"]),
+            valid=bool(d["valid"]),
+            verdict=str(d["verdict"]),
+            failed_gates=tuple(d.get("failed_gates") or ()),
+            audit=dict(d.get("audit") or {}),
+        )
+
+    @property
+    def reward(self) -> float | None:
+        """What the trainer may use: the score of a valid episode, None for an invalid one."""
+        return self.score if self.valid else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["failed_gates"] = list(self.failed_gates)
+        return d
+
+    def __getitem__(self, key: str):
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("score", "valid", "verdict", "failed_gates", "audit"))
+
+    def __len__(self) -> int:
+        return 5
+
+
+class Session(ABC):
+    """One environment running one episode of one task."""
+
+    env_id: str
+    observation: Observation  # the latest observation (after create, fork or step)
+
+    @property
+    def generation(self) -> int:
+        return self.observation.generation
+
+    @property
+    def valid(self) -> bool:
+        return self.observation.valid
+
+    @abstractmethod
+    def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
+        """Apply one action chosen from screenshot `generation` (default: the latest one)."""
+
+    def fork(self, n: int) -> list[Session]:
+        """n children in exactly this session's state; the parent stays usable."""
+        raise ForkUnsupported(f"{type(self).__name__} cannot fork; create {n} sessions instead")
+
+    @abstractmethod
+    def verify(self) -> Verification:
+        """Run the task's checker on the current state (outside the desktop)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the environment; closing twice is harmless."""
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Backend(ABC):
+    """Creates sessions; one per arm (restore host, fork host, Drums, QEMU pool)."""
+
+    #: True when `Session.fork` works on this backend's sessions.
+    can_fork: bool = False
+
+    @abstractmethod
+    def create(self, task: Mapping) -> Session:
+        """A session for `task` with its set-up done and its first observation taken."""
+
+    def close(self) -> None:
+        """Release what the backend holds (connections); sessions should be closed first."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

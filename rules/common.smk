@@ -1,0 +1,53 @@
+# Configuration is validated once here; everything below reads the typed results.
+import json
+import shlex
+import sys
+
+from snakemake.utils import validate
+
+from envab import preregistration
+from envab.config import ConfigError, Target, check_config, check_schema, selected_runs, CONFIG_SCHEMA
+
+
+def _refuse_literal_selection():
+    """`snakemake arm=drums seed=1` makes Snakemake look for files named arm=drums and seed=1
+    (targets are only known after this file is parsed, so they cannot be rewritten here): say
+    what to type instead of letting it fail with a missing-rule error."""
+    words = [w for w in sys.argv[1:] if w.partition("=")[0] in ("arm", "seed") and "=" in w]
+    if words and "--config" not in sys.argv and "-C" not in sys.argv:
+        raise ConfigError(
+            f"Snakemake reads {' '.join(words)} as targets; select a run with "
+            f"--config {' '.join(words)}"
+        )
+
+
+try:
+    _refuse_literal_selection()
+    check_schema(config, CONFIG_SCHEMA, "config")
+    validate(config, "../schemas/config.schema.yaml")  # Snakemake's own check; fills defaults
+    TARGET = Target.load(config["preregistration"])
+    check_config(config, TARGET, "config")
+    RUNS = selected_runs(config, TARGET)
+    if preregistration.receipt_path(TARGET).is_file():
+        preregistration.check_frozen(config["preregistration"])  # an edited target stops here
+except ConfigError as e:
+    sys.exit(f"env-ab: {e}")
+
+EXP = TARGET.experiment_id
+RESULTS = f"results/{EXP}"
+RECEIPTS = f"receipts/{EXP}"
+LOGS = f"logs/{EXP}"
+FREEZE_RECEIPTS = ["preregistration.json", "split.json", "code.json", "model.json"]
+
+
+def as_arg(obj):
+    """A config value as one shell-quoted JSON argument."""
+    return shlex.quote(json.dumps(obj, sort_keys=True))
+
+
+def run_dir(arm, seed):
+    return f"{RESULTS}/{arm}/seed{seed}"
+
+
+def all_inputs():
+    return [f"{run_dir(arm, seed)}/pins.json" for arm, seed in RUNS]

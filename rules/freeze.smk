@@ -1,0 +1,127 @@
+# Freeze: target, task set and split, model pin, code pins; then what each (arm, seed) is pinned to.
+
+
+rule freeze_target:
+    input:
+        ancient(config["preregistration"]),
+    output:
+        protected(f"{RECEIPTS}/preregistration.json"),
+    log:
+        f"{LOGS}/freeze_target.log",
+    shell:
+        "python -m envab.freeze target {input} > {log} 2>&1"
+
+
+if "factory" in config["tasks"]:
+
+    rule tasks:
+        input:
+            f"{RECEIPTS}/preregistration.json",
+        output:
+            tasks=f"{RESULTS}/tasks/tasks.jsonl",
+            solutions=f"{RESULTS}/tasks/solutions.jsonl",
+        params:
+            seed=config["tasks"]["factory"]["seed"],
+            per_family=config["tasks"]["factory"]["per_family"],
+            out=f"{RESULTS}/tasks",
+        log:
+            f"{LOGS}/tasks.log",
+        shell:
+            "python -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
+            " --out {params.out} > {log} 2>&1"
+
+else:
+
+    rule tasks:
+        input:
+            receipt=f"{RECEIPTS}/preregistration.json",
+            tasks=config["tasks"]["path"],
+        output:
+            tasks=f"{RESULTS}/tasks/tasks.jsonl",
+        log:
+            f"{LOGS}/tasks.log",
+        shell:
+            "cp {input.tasks} {output.tasks} 2> {log}"
+
+
+rule split:
+    input:
+        target=config["preregistration"],
+        receipt=f"{RECEIPTS}/preregistration.json",
+        tasks=f"{RESULTS}/tasks/tasks.jsonl",
+    output:
+        train=f"{RESULTS}/tasks/train.jsonl",
+        heldout=f"{RESULTS}/tasks/heldout.jsonl",
+        receipt=f"{RECEIPTS}/split.json",
+    params:
+        seed=config["split"]["seed"],
+        fraction=config["split"]["heldout_fraction"],
+    log:
+        f"{LOGS}/split.log",
+    shell:
+        "python -m envab.freeze split --target {input.target} --tasks {input.tasks}"
+        " --seed {params.seed} --heldout-fraction {params.fraction}"
+        " --train {output.train} --heldout {output.heldout} > {log} 2>&1"
+
+
+rule code_pins:
+    input:
+        target=config["preregistration"],
+        receipt=f"{RECEIPTS}/preregistration.json",
+    output:
+        f"{RECEIPTS}/code.json",
+    params:
+        groups=as_arg(config["code_pins"]),
+    log:
+        f"{LOGS}/code_pins.log",
+    shell:
+        "python -m envab.freeze code --target {input.target} --groups {params.groups} > {log} 2>&1"
+
+
+rule model:
+    input:
+        target=config["preregistration"],
+        receipt=f"{RECEIPTS}/preregistration.json",
+        tasks=f"{RESULTS}/tasks/tasks.jsonl",
+    output:
+        model=directory(f"{RESULTS}/model"),
+        receipt=f"{RECEIPTS}/model.json",
+    params:
+        source=config["model"]["source"],
+        seed=config["model"]["seed"],
+        manifest=as_arg(config["model"]["manifest"]),
+    log:
+        f"{LOGS}/model.log",
+    shell:
+        "python -m envab.freeze model --target {input.target} --source {params.source}"
+        " --seed {params.seed} --tasks {input.tasks} --manifest {params.manifest}"
+        " --out {output.model} > {log} 2>&1"
+
+
+rule pins:
+    input:
+        target=config["preregistration"],
+        receipts=expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
+    output:
+        f"{RESULTS}/{{arm}}/seed{{seed}}/pins.json",
+    params:
+        arm_config=lambda w: as_arg(config["arms"][w.arm]),
+        names=" ".join(FREEZE_RECEIPTS),
+    log:
+        f"{LOGS}/pins_{{arm}}_seed{{seed}}.log",
+    shell:
+        "python -m envab.freeze pins --target {input.target} --arm {wildcards.arm}"
+        " --seed {wildcards.seed} --arm-config {params.arm_config} --receipts {params.names}"
+        " --out {output} > {log} 2>&1"
+
+
+rule freeze:
+    input:
+        expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
+
+
+rule verify:
+    input:
+        expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
+    shell:
+        "python -m envab.verify {RECEIPTS}"
