@@ -126,7 +126,8 @@ def selected_runs(config: dict, target: Target) -> list[tuple[str, int]]:
             seed = int(seed)
         if seed not in target.seeds:
             raise ConfigError(
-                f"seed={seed!r} is not a registered training seed; valid seeds: {list(target.seeds)}"
+                f"seed={seed!r} is not a registered training seed; "
+                f"valid seeds: {list(target.seeds)}"
             )
     return [
         (a, s)

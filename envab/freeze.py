@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", required=True, help="JSON: group -> list of globs")
     p.set_defaults(run=cmd_code)
 
-    p = sub.add_parser("model", help="build or fetch the model, check its manifest, write model.json")
+    p = sub.add_parser(
+        "model", help="build or fetch the model, check its manifest, write model.json"
+    )
     p.add_argument("--target", required=True)
     p.add_argument("--source", required=True)
     p.add_argument("--seed", type=int, default=0)

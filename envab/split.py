@@ -2,9 +2,9 @@
 
 The rule, as documented in the receipt: tasks are grouped by ``family`` (tasks without one form
 the group ``_none``); each group is sorted by id and shuffled with ``random.Random`` seeded by the
-string ``"env-ab-split:<seed>:<family>"``; the first ``max(1, round(n * heldout_fraction))`` tasks of
-a group of n >= 2 are held out, the rest train. Train and held-out are disjoint by id and by
-content digest (the task JSON without its id), so a renamed copy cannot leak across.
+string ``"env-ab-split:<seed>:<family>"``; the first ``max(1, round(n * heldout_fraction))``
+tasks of a group of n >= 2 are held out, the rest train. Train and held-out are disjoint by id and
+by content digest (the task JSON without its id), so a renamed copy cannot leak across.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from envab.hashing import sha256_json
 
-RULE = __doc__.split("\n\n")[1].replace("\n", " ")
+RULE = __doc__.split("\n\n")[1].replace("\n", " ").split(": ", 1)[1]
 NO_FAMILY = "_none"
 
 
@@ -73,6 +73,10 @@ def check_disjoint(split: Split) -> None:
     if shared_ids:
         raise SplitError(f"train and held-out share ids: {sorted(shared_ids)[:5]}")
     train_digests = {task_digest(t): t["id"] for t in split.train}
-    leaks = [(train_digests[d], t["id"]) for t in split.heldout if (d := task_digest(t)) in train_digests]
+    leaks = [
+        (train_digests[d], t["id"]) for t in split.heldout if (d := task_digest(t)) in train_digests
+    ]
     if leaks:
-        raise SplitError(f"train and held-out share task content (train id, held-out id): {leaks[:5]}")
+        raise SplitError(
+            f"train and held-out share task content (train id, held-out id): {leaks[:5]}"
+        )

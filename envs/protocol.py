@@ -246,7 +246,7 @@ class Backend(ABC):
     def create(self, task: Mapping) -> Session:
         """A session for `task` with its set-up done and its first observation taken."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release what the backend holds (connections); sessions should be closed first."""
 
     def __enter__(self) -> Backend:

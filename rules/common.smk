@@ -37,6 +37,7 @@ EXP = TARGET.experiment_id
 RESULTS = f"results/{EXP}"
 RECEIPTS = f"receipts/{EXP}"
 LOGS = f"logs/{EXP}"
+PYTHON = shlex.quote(sys.executable)  # the interpreter running Snakemake runs every stage
 FREEZE_RECEIPTS = ["preregistration.json", "split.json", "code.json", "model.json"]
 
 

@@ -9,7 +9,7 @@ rule freeze_target:
     log:
         f"{LOGS}/freeze_target.log",
     shell:
-        "python -m envab.freeze target {input} > {log} 2>&1"
+        "{PYTHON} -m envab.freeze target {input} > {log} 2>&1"
 
 
 if "factory" in config["tasks"]:
@@ -27,7 +27,7 @@ if "factory" in config["tasks"]:
         log:
             f"{LOGS}/tasks.log",
         shell:
-            "python -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
+            "{PYTHON} -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
             " --out {params.out} > {log} 2>&1"
 
 else:
@@ -59,7 +59,7 @@ rule split:
     log:
         f"{LOGS}/split.log",
     shell:
-        "python -m envab.freeze split --target {input.target} --tasks {input.tasks}"
+        "{PYTHON} -m envab.freeze split --target {input.target} --tasks {input.tasks}"
         " --seed {params.seed} --heldout-fraction {params.fraction}"
         " --train {output.train} --heldout {output.heldout} > {log} 2>&1"
 
@@ -75,7 +75,7 @@ rule code_pins:
     log:
         f"{LOGS}/code_pins.log",
     shell:
-        "python -m envab.freeze code --target {input.target} --groups {params.groups} > {log} 2>&1"
+        "{PYTHON} -m envab.freeze code --target {input.target} --groups {params.groups} > {log} 2>&1"
 
 
 rule model:
@@ -93,7 +93,7 @@ rule model:
     log:
         f"{LOGS}/model.log",
     shell:
-        "python -m envab.freeze model --target {input.target} --source {params.source}"
+        "{PYTHON} -m envab.freeze model --target {input.target} --source {params.source}"
         " --seed {params.seed} --tasks {input.tasks} --manifest {params.manifest}"
         " --out {output.model} > {log} 2>&1"
 
@@ -110,7 +110,7 @@ rule pins:
     log:
         f"{LOGS}/pins_{{arm}}_seed{{seed}}.log",
     shell:
-        "python -m envab.freeze pins --target {input.target} --arm {wildcards.arm}"
+        "{PYTHON} -m envab.freeze pins --target {input.target} --arm {wildcards.arm}"
         " --seed {wildcards.seed} --arm-config {params.arm_config} --receipts {params.names}"
         " --out {output} > {log} 2>&1"
 
@@ -124,4 +124,4 @@ rule verify:
     input:
         expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
     shell:
-        "python -m envab.verify {RECEIPTS}"
+        "{PYTHON} -m envab.verify {RECEIPTS}"

@@ -84,17 +84,25 @@ class TinySpec:
     def __post_init__(self):
         head_dim = self.text_hidden_size // self.text_heads
         if self.text_hidden_size % self.text_heads or head_dim % 2:
-            raise ValueError(f"TinySpec: text_hidden_size {self.text_hidden_size} must split into "
-                             f"{self.text_heads} heads of even size")
+            raise ValueError(
+                f"TinySpec: text_hidden_size {self.text_hidden_size} must split into "
+                f"{self.text_heads} heads of even size"
+            )
         if self.vision_hidden_size % self.vision_heads:
-            raise ValueError(f"TinySpec: vision_hidden_size {self.vision_hidden_size} must divide "
-                             f"by vision_heads {self.vision_heads}")
+            raise ValueError(
+                f"TinySpec: vision_hidden_size {self.vision_hidden_size} must divide "
+                f"by vision_heads {self.vision_heads}"
+            )
         if self.screen_side % (self.patch_size * self.merge_size):
-            raise ValueError(f"TinySpec: screen_side {self.screen_side} must be a multiple of "
-                             f"patch_size*merge_size = {self.patch_size * self.merge_size}")
+            raise ValueError(
+                f"TinySpec: screen_side {self.screen_side} must be a multiple of "
+                f"patch_size*merge_size = {self.patch_size * self.merge_size}"
+            )
         if any(not 0 <= i < self.vision_depth for i in self.deepstack_visual_indexes):
-            raise ValueError(f"TinySpec: deepstack_visual_indexes {self.deepstack_visual_indexes} "
-                             f"must lie in [0, {self.vision_depth})")
+            raise ValueError(
+                f"TinySpec: deepstack_visual_indexes {self.deepstack_visual_indexes} "
+                f"must lie in [0, {self.vision_depth})"
+            )
 
     @property
     def vision_tokens_per_screen(self) -> int:
@@ -103,14 +111,18 @@ class TinySpec:
 
 # --- the chat template ---------------------------------------------------------------------------
 
+
 def trl_qwen3_vl_template() -> str:
-    """TRL's Qwen3-VL chat template, read from the installed trl package (the file TRL compares to)."""
-    return (resources.files("trl") / "chat_templates" / "qwen3_vl.jinja").read_text(encoding="utf-8")
+    """TRL's Qwen3-VL chat template, read from the installed trl (the text TRL compares to)."""
+    return (resources.files("trl") / "chat_templates" / "qwen3_vl.jinja").read_text(
+        encoding="utf-8"
+    )
 
 
 # --- the tokenizer corpus ------------------------------------------------------------------------
 # Representative computer-use tools. The trainer's environment class defines the real ones; these
 # only need to render the same kind of text (JSON schemas, tool calls) for the BPE merges.
+
 
 def click(x: int, y: int) -> str:
     """Click the left mouse button at a pixel of the screen.
@@ -178,21 +190,33 @@ def _sample_call(rng: random.Random, instruction: str, side: int) -> dict:
     elif name == "press":
         args = {"key": rng.choice(_KEYS)}
     else:
-        args = {"x": rng.randrange(side), "y": rng.randrange(side), "dy": rng.choice((-3, -1, 1, 3))}
+        args = {
+            "x": rng.randrange(side),
+            "y": rng.randrange(side),
+            "dy": rng.choice((-3, -1, 1, 3)),
+        }
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
 def sample_conversation(rng: random.Random, instruction: str, side: int) -> list[dict]:
     """One episode as the trainer renders it: task + screenshot, tool calls, screenshots back."""
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}
+    ]
     for _ in range(rng.randint(1, 4)):
         call = _sample_call(rng, instruction, side)
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        messages.append({"role": "tool", "name": call["function"]["name"],
-                         "content": [{"type": "image"}]})
+        messages.append(
+            {"role": "tool", "name": call["function"]["name"], "content": [{"type": "image"}]}
+        )
     final = rng.choice(("done", "done", "done", "fail"))
-    messages.append({"role": "assistant", "content": "",
-                     "tool_calls": [{"type": "function", "function": {"name": final, "arguments": {}}}]})
+    messages.append(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": final, "arguments": {}}}],
+        }
+    )
     return messages
 
 
@@ -203,16 +227,22 @@ def tokenizer_corpus(instructions: Sequence[str], spec: TinySpec) -> list[str]:
     if not instructions:
         raise ValueError("tiny model: the task set has no instructions to train the tokenizer on")
     rng = random.Random(spec.seed)
-    chats = [sample_conversation(rng, instructions[i % len(instructions)], spec.screen_side)
-             for i in range(spec.sample_conversations)]
-    rendered, _ = render_jinja_template(chats, tools=list(TOOLS), chat_template=trl_qwen3_vl_template())
+    chats = [
+        sample_conversation(rng, instructions[i % len(instructions)], spec.screen_side)
+        for i in range(spec.sample_conversations)
+    ]
+    rendered, _ = render_jinja_template(
+        chats, tools=list(TOOLS), chat_template=trl_qwen3_vl_template()
+    )
     # Without tools the template opens differently; one such chat keeps that text in the corpus.
-    plain, _ = render_jinja_template(chats[:1], chat_template=trl_qwen3_vl_template(),
-                                     add_generation_prompt=True)
+    plain, _ = render_jinja_template(
+        chats[:1], chat_template=trl_qwen3_vl_template(), add_generation_prompt=True
+    )
     return list(instructions) + rendered + plain
 
 
 # --- the tokenizer -------------------------------------------------------------------------------
+
 
 def train_tokenizer(corpus: Iterable[str], spec: TinySpec):
     """A Qwen2Tokenizer (Qwen3-VL's tokenizer class) whose BPE merges are learned from `corpus`."""
@@ -257,18 +287,21 @@ def train_tokenizer(corpus: Iterable[str], spec: TinySpec):
     for token_id, token in added.items():
         got = tokenizer.convert_tokens_to_ids(token.content)
         if got != token_id:
-            raise RuntimeError(f"tiny model: added token {token.content} got id {got}, not {token_id}")
+            raise RuntimeError(
+                f"tiny model: added token {token.content} got id {got}, not {token_id}"
+            )
     tokenizer.chat_template = trl_qwen3_vl_template()
     return tokenizer
 
 
 # --- processor, config, model --------------------------------------------------------------------
 
+
 def build_processor(tokenizer, spec: TinySpec):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     factor = spec.patch_size * spec.merge_size
-    # Pixel budget: at most one full screen; at least one merged patch of 2x2 (smart_resize's floor).
+    # Pixel budget: at most one full screen, at least 2x2 merged patches.
     size = {"shortest_edge": (2 * factor) ** 2, "longest_edge": spec.screen_side**2}
     common = dict(
         patch_size=spec.patch_size,
@@ -326,7 +359,7 @@ def build_config(tokenizer, spec: TinySpec):
         temporal_patch_size=spec.temporal_patch_size,
         spatial_merge_size=spec.merge_size,
         out_hidden_size=spec.text_hidden_size,
-        # A square grid of learned positions, one per patch of a full screen (interpolated otherwise).
+        # A square grid of learned positions, one per patch of a full screen (else interpolated).
         num_position_embeddings=(spec.screen_side // spec.patch_size) ** 2,
         deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
     )
@@ -358,11 +391,9 @@ def build_model(config, spec: TinySpec):
 
 # --- the whole build -----------------------------------------------------------------------------
 
+
 def build(instructions: Sequence[str], out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     """Write the tiny model (weights, config, tokenizer, processor, template) into `out`."""
-    import torch
-
-    torch.use_deterministic_algorithms(True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(tokenizer_corpus(instructions, spec), spec)

@@ -1,0 +1,45 @@
+"""The embedded environment host: the Drums protocol over HTTP, one worker process per desktop.
+
+Start it standalone with `python -m envs.host --mode fork|restore --port P --token-file F`, or
+from Python with `serve_embedded(mode, token_file)` (a free loopback port, for one job).
+
+Protocol (JSON over HTTP, version 1). Every request carries `Authorization: Bearer <token>`;
+any request without the right token, health included, gets 401. Screenshots are base64 PNG.
+
+    GET    /v1/health                 -> {status, mode, environments, allow_faults}
+    POST   /v1/envs                   {task, faults?}
+                                      -> 201 {env_id, generation: 0, screenshot_png,
+                                              state_sha256, valid, verdict, failed_gates, timings}
+    POST   /v1/envs/{id}/fork         {n}
+                                      -> {children: [{env_id, generation, state_sha256, valid,
+                                              verdict, failed_gates}], timings}
+    POST   /v1/envs/{id}/step         {action, generation}
+                                      -> {env_id, generation, screenshot_png, state_sha256, done,
+                                              valid, verdict, failed_gates, timings}
+    POST   /v1/envs/{id}/verify       -> {score, valid, verdict, failed_gates, audit}
+    DELETE /v1/envs/{id}              -> {env_id, closed}
+
+Semantics:
+- create runs the task's set-up on the prepared blank desktop: in `restore` mode the worker
+  restores it from a saved snapshot; in `fork` mode the worker is a copy-on-write fork of a
+  running prepared desktop. The state hash must equal `task.evaluator.initial_state_sha256`.
+- fork (fork mode only; restore mode answers 501) makes n children in the parent's exact state:
+  each child's state hash must equal the parent's. Children keep the parent's generation.
+- step applies one computer_13 action chosen from screenshot `generation`; on success the
+  generation goes up by one. `done` is true after DONE or FAIL. An action the desktop refuses
+  (off screen, after DONE) gets 422 and changes nothing.
+- verify reads the state back from the worker and runs the task's checker in the host process.
+- A failed gate is not an HTTP error: the body says `valid: false`, the verdict and the failed
+  gates (see `envs.protocol`), and the environment is quarantined: its worker is stopped, every
+  later step answers with the same verdict, verify says invalid, fork answers 409.
+- Other errors: 400 malformed request, 403 faults without --allow-faults, 404 unknown id.
+
+Fault injection (only with --allow-faults), in the create request's `faults` object:
+`kill_at_step`, `stall_at_step`, `blank_at_step` (step numbers from 1), `corrupt_restore`,
+`verifier_unavailable` (booleans).
+"""
+
+from envs.host.embedded import serve_embedded
+from envs.host.pool import Faults, HostConfig, Pool
+
+__all__ = ["Faults", "HostConfig", "Pool", "serve_embedded"]

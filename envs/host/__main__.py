@@ -1,0 +1,55 @@
+"""python -m envs.host --mode fork|restore --port P --token-file F [--allow-faults]"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from envs.host.app import build_app
+from envs.host.embedded import read_token
+from envs.host.pool import MODES, HostConfig
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m envs.host",
+                                description="env-ab embedded environment host (Drums protocol)")
+    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--token-file", required=True, help="file holding the bearer token")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="TCP port to listen on")
+    where.add_argument("--fd", type=int, help="an already bound, listening socket (embedded use)")
+    p.add_argument("--bind", default="127.0.0.1", help="address to bind (default: loopback)")
+    p.add_argument("--allow-faults", action="store_true",
+                   help="accept fault-injection switches in create requests (tests only)")
+    p.add_argument("--step-timeout", type=float, default=10.0, help="seconds per step")
+    p.add_argument("--create-timeout", type=float, default=60.0, help="seconds per create/fork")
+    p.add_argument("--max-envs", type=int, default=512)
+    p.add_argument("--access-log", action="store_true", help="log every request line")
+    # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.
+    p.add_argument("--desktop", default=HostConfig.desktop, help=argparse.SUPPRESS)
+    p.add_argument("--checker", default=HostConfig.checker, help=argparse.SUPPRESS)
+    p.add_argument("--screen-of", default=HostConfig.screen_of, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = HostConfig(
+        mode=args.mode, allow_faults=args.allow_faults, step_timeout_s=args.step_timeout,
+        create_timeout_s=args.create_timeout, max_envs=args.max_envs,
+        desktop=args.desktop, checker=args.checker, screen_of=args.screen_of,
+    )
+    app = build_app(config, read_token(args.token_file))
+    if args.allow_faults:
+        logging.getLogger("envs.host").warning("fault injection is ON")
+    where = {"fd": args.fd} if args.fd is not None else {"host": args.bind, "port": args.port}
+    uvicorn.run(app, log_level="info", access_log=args.access_log,
+                timeout_graceful_shutdown=5, **where)
+
+
+if __name__ == "__main__":
+    main()

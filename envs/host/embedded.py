@@ -1,0 +1,108 @@
+"""Start the host in a subprocess on a free loopback port for as long as a job needs it.
+
+The pipeline does this when an arm says `url: embedded`; tests and the benchmark do it too.
+The listening socket is bound here and handed to the child, so there is no race for the port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+
+def read_token(path: str | Path) -> str:
+    """The bearer token from a file (surrounding whitespace dropped); never echoed."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise SystemExit(f"token file {path}: {e.strerror}") from None
+    if not token:
+        raise SystemExit(f"token file {path} is empty")
+    return token
+
+
+@contextmanager
+def serve_embedded(
+    mode: str,
+    token_file: str | Path,
+    *,
+    allow_faults: bool = False,
+    step_timeout_s: float = 10.0,
+    log_path: str | Path | None = None,
+    startup_timeout_s: float = 60.0,
+    extra_args: Sequence[str] = (),
+) -> Iterator[str]:
+    """Run `python -m envs.host` on 127.0.0.1; yield its base URL; stop it on exit.
+
+    Host output goes to `log_path` (appended) or is discarded. Raises RuntimeError with the
+    log's last lines when the host does not come up healthy within `startup_timeout_s`.
+    """
+    token = read_token(token_file)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2048)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    cmd = [sys.executable, "-m", "envs.host", "--mode", mode, "--fd", str(listener.fileno()),
+           "--token-file", str(token_file), "--step-timeout", str(step_timeout_s), *extra_args]
+    if allow_faults:
+        cmd.append("--allow-faults")
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.Popen(cmd, pass_fds=[listener.fileno()], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+    finally:
+        listener.close()
+    try:
+        _wait_healthy(url, token, proc, startup_timeout_s, log_path)
+        yield url
+    finally:
+        _stop(proc)
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+def _wait_healthy(url, token, proc, timeout_s, log_path) -> None:
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"embedded host exited with {proc.returncode}"
+                                   f"{_tail(log_path)}")
+            try:
+                if client.get(f"{url}/v1/health", headers=headers).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+    _stop(proc)
+    raise RuntimeError(f"embedded host not healthy after {timeout_s} s{_tail(log_path)}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # uvicorn shuts down and the pool stops its workers
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(log_path, lines: int = 5) -> str:
+    if not log_path or not Path(log_path).exists():
+        return ""
+    tail = Path(log_path).read_text(errors="replace").splitlines()[-lines:]
+    return ":\n" + "\n".join(tail)

@@ -1,0 +1,421 @@
+"""The host's environments: one worker process each, and the gates checked around every call.
+
+No HTTP here (the app in `envs.host.app` is a thin layer over `Pool`), so the gates can be read
+in one place: at creation and fork the state hash must equal the expected one; at every step the
+action's generation must match, the worker must be alive and answer within its timeout, and the
+screenshot must not be blank. The first gate that fails quarantines the environment: its worker
+is stopped, later steps are refused, and verify reports the verdict and the failed gate.
+The checker runs here, in the host process, on state read back from the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from PIL import Image
+
+from envs.host.channel import Channel, ChannelClosed, ChannelTimeout
+from envs.host.worker import load_object
+from envs.protocol import (
+    TERMINAL_ACTIONS,
+    ForkUnsupported,
+    Gate,
+    Verdict,
+    Verification,
+    check_action,
+    is_blank,
+    verdict_for,
+)
+
+log = logging.getLogger("envs.host")
+
+MODES = ("restore", "fork")
+# Not `-m envs.host.worker`: the package imports the worker module before runpy would run it.
+_ZYGOTE = "import sys; from envs.host.worker import main; main(sys.argv[1:])"
+
+
+class BadRequest(ValueError):
+    """The request itself is wrong (HTTP 400)."""
+
+
+class ActionRejected(ValueError):
+    """The desktop refused the action (off screen, after DONE); nothing changed (HTTP 422)."""
+
+
+class UnknownEnvironment(KeyError):
+    """No environment with that id (HTTP 404)."""
+
+
+class FaultsDisabled(PermissionError):
+    """Fault injection was asked for but the host was not started with --allow-faults (403)."""
+
+
+class Quarantined(RuntimeError):
+    """The environment failed a gate and cannot be forked (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    mode: str
+    allow_faults: bool = False
+    step_timeout_s: float = 10.0
+    create_timeout_s: float = 60.0
+    max_envs: int = 512
+    desktop: str = "envs.desktop:Desktop"
+    checker: str = "envs.tasks.checkers:check"
+    screen_of: str = "envs.desktop:screen_of"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault injection switches for one environment (tests and reliability runs only)."""
+
+    kill_at_step: int | None = None  # the worker process dies on this step (SIGKILL)
+    stall_at_step: int | None = None  # the worker hangs on this step (past the step timeout)
+    blank_at_step: int | None = None  # this step's screenshot is a single colour
+    corrupt_restore: bool = False  # the environment is built from a dirty snapshot
+    verifier_unavailable: bool = False  # verify cannot reach the checker
+
+    @classmethod
+    def parse(cls, d: Mapping | None) -> Faults:
+        if not d:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise BadRequest("faults must be an object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise BadRequest(f"unknown faults {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+    def any(self) -> bool:
+        return self != Faults()
+
+    def for_worker(self) -> dict:
+        return {
+            "kill_at_step": self.kill_at_step,
+            "stall_at_step": self.stall_at_step,
+            "blank_at_step": self.blank_at_step,
+            "corrupt_restore": self.corrupt_restore,
+        }
+
+
+@dataclass
+class Environment:
+    env_id: str
+    task: dict
+    channel: Channel | None
+    pid: int | None
+    expected_sha256: str
+    parent: str | None = None
+    faults: Faults = field(default_factory=Faults)
+    generation: int = 0
+    steps: int = 0
+    state_sha256: str | None = None
+    failed_gates: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def quarantined(self) -> bool:
+        return bool(self.failed_gates)
+
+    def status(self) -> dict:
+        return {
+            "env_id": self.env_id,
+            "generation": self.generation,
+            "state_sha256": self.state_sha256,
+            "valid": not self.failed_gates,
+            "verdict": str(verdict_for(self.failed_gates)),
+            "failed_gates": list(self.failed_gates),
+        }
+
+
+def check_task(task: Any) -> dict:
+    """The fields a host needs from an OSWorld-format task, or BadRequest naming the gap."""
+    if not isinstance(task, Mapping):
+        raise BadRequest("task must be an object")
+    for key in ("id", "config", "evaluator"):
+        if key not in task:
+            raise BadRequest(f"task has no {key!r}")
+    if not isinstance(task["config"], list):
+        raise BadRequest(f"task {task['id']}: config must be a list of set-up steps")
+    expected = (task["evaluator"] or {}).get("initial_state_sha256")
+    if not isinstance(expected, str) or len(expected) != 64:
+        raise BadRequest(f"task {task['id']}: evaluator.initial_state_sha256 is missing")
+    return dict(task)
+
+
+def b64_png(png: bytes | None) -> str | None:
+    return None if png is None else base64.b64encode(png).decode()
+
+
+class Pool:
+    """Every environment of one host, and the zygote that makes new worker processes."""
+
+    def __init__(self, config: HostConfig):
+        self.config = config
+        self.check = load_object(config.checker)
+        self.screen_of = load_object(config.screen_of)
+        self._envs: dict[str, Environment] = {}
+        self._envs_lock = threading.Lock()
+        self._zygote_lock = threading.Lock()
+        self._zygote: Channel | None = None
+        self._zygote_proc: subprocess.Popen | None = None
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [sys.executable, "-c", _ZYGOTE, "--fd", str(theirs.fileno()),
+               "--mode", self.config.mode, "--desktop", self.config.desktop]
+        self._zygote_proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
+        theirs.close()
+        self._zygote = Channel(ours)
+        hello = self._zygote.recv(timeout=self.config.create_timeout_s)
+        log.info("zygote up (pid %s, mode %s)", hello["pid"], self.config.mode)
+
+    def stop(self) -> None:
+        for env_id in list(self._envs):
+            self.close(env_id)
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
+        if self._zygote_proc is not None:
+            try:
+                self._zygote_proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote_proc.kill()
+                self._zygote_proc.wait()
+
+    def __len__(self) -> int:
+        return len(self._envs)
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    def create(self, task: Any, faults: Mapping | None = None) -> dict:
+        task = check_task(task)
+        armed = Faults.parse(faults)
+        if armed.any() and not self.config.allow_faults:
+            raise FaultsDisabled("fault injection is off (start the host with --allow-faults)")
+        if len(self._envs) >= self.config.max_envs:
+            raise BadRequest(f"host holds its maximum of {self.config.max_envs} environments")
+        try:
+            size = tuple(self.screen_of(task["config"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise BadRequest(f"task {task['id']}: {e}") from None
+        t0 = time.perf_counter()
+        with self._zygote_lock:
+            (channel, pid, _), = self._spawn(self._zygote, 1, size)
+        t1 = time.perf_counter()
+        env = Environment(
+            env_id=uuid.uuid4().hex[:16], task=task, channel=channel, pid=pid,
+            expected_sha256=task["evaluator"]["initial_state_sha256"], faults=armed,
+        )
+        reply = self._call(env, ("init", size, task["config"], armed.for_worker()),
+                           self.config.create_timeout_s, Gate.SETUP)
+        png = None
+        if reply is not None:
+            env.state_sha256 = reply["state_sha256"]
+            png = reply["screenshot"]
+            if env.state_sha256 != env.expected_sha256:
+                self._quarantine(env, Gate.STATE_HASH)
+            elif self._blank(png):
+                self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+        self._register(env)
+        timings = {"spawn_s": t1 - t0, "create_s": time.perf_counter() - t0}
+        if reply is not None:
+            timings.update(reply["timings"])
+        log.info("create %s task=%s verdict=%s", env.env_id, task["id"],
+                 verdict_for(env.failed_gates))
+        return {**env.status(), "screenshot_png": b64_png(None if env.quarantined else png),
+                "timings": timings}
+
+    def fork(self, env_id: str, n: int) -> dict:
+        if self.config.mode != "fork":
+            raise ForkUnsupported("this host runs in restore mode; create n environments instead")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise BadRequest(f"n must be an integer 1..64, got {n!r}")
+        if len(self._envs) + n > self.config.max_envs:
+            raise BadRequest(f"host holds its maximum of {self.config.max_envs} environments")
+        parent = self._get(env_id)
+        with parent.lock:
+            if parent.quarantined:
+                raise Quarantined(f"environment {env_id} failed {parent.failed_gates}")
+            t0 = time.perf_counter()
+            try:
+                spawned = self._spawn(parent.channel, n, None)
+            except (ChannelClosed, ChannelTimeout):
+                self._quarantine(parent, Gate.WORKER_ALIVE)
+                raise Quarantined(f"environment {env_id} died while forking") from None
+            elapsed = time.perf_counter() - t0
+        children = []
+        for channel, pid, hello in spawned:
+            child = Environment(
+                env_id=uuid.uuid4().hex[:16], task=parent.task, channel=channel, pid=pid,
+                expected_sha256=parent.state_sha256, parent=parent.env_id,
+                generation=parent.generation, steps=parent.steps,
+                state_sha256=hello["state_sha256"],
+            )
+            if child.state_sha256 != child.expected_sha256:
+                self._quarantine(child, Gate.STATE_HASH)
+            self._register(child)
+            children.append(child.status())
+        log.info("fork %s into %d children", env_id, n)
+        return {"children": children, "timings": {"fork_s": elapsed, "per_child_s": elapsed / n}}
+
+    def step(self, env_id: str, action: Any, generation: Any) -> dict:
+        try:
+            action = check_action(action)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        if not isinstance(generation, int) or isinstance(generation, bool):
+            raise BadRequest(f"generation must be an integer, got {generation!r}")
+        env = self._get(env_id)
+        t0 = time.perf_counter()
+        with env.lock:
+            png = None
+            if not env.quarantined and generation != env.generation:
+                self._quarantine(env, Gate.GENERATION)
+            if not env.quarantined:
+                reply = self._call(env, ("step", action), self.config.step_timeout_s,
+                                   Gate.WORKER_ALIVE)
+                if reply is not None and "rejected" in reply:
+                    raise ActionRejected(reply["rejected"])
+                if reply is not None:
+                    env.steps += 1
+                    env.generation += 1
+                    env.state_sha256 = reply["state_sha256"]
+                    png = reply["screenshot"]
+                    if self._blank(png):
+                        self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+            status = env.status()
+        done = action["action_type"] in TERMINAL_ACTIONS
+        return {**status, "done": done, "screenshot_png": b64_png(None if env.quarantined else png),
+                "timings": {"step_s": time.perf_counter() - t0}}
+
+    def verify(self, env_id: str) -> dict:
+        env = self._get(env_id)
+        with env.lock:
+            audit = {"env_id": env.env_id, "parent": env.parent, "task": env.task["id"],
+                     "mode": self.config.mode, "generation": env.generation, "steps": env.steps,
+                     "checker": env.task["evaluator"].get("func"), "flags": []}
+            if env.quarantined:
+                return self._verification(env.failed_gates, audit)
+            if env.faults.verifier_unavailable:
+                audit["flags"].append("verifier_unreachable")
+                return self._verification([Gate.VERIFIER_AVAILABLE], audit)
+            reply = self._call(env, ("state",), self.config.step_timeout_s, Gate.WORKER_ALIVE)
+            if reply is None:
+                return self._verification(env.failed_gates, audit)
+        audit["state_sha256"] = reply["state_sha256"]
+        try:
+            score = self.check(env.task["evaluator"], reply["state"])
+        except Exception as e:  # the checker could not run: no score, never a 0
+            audit["flags"].append("checker_crash")
+            audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            return self._verification([Gate.VERIFIER_AVAILABLE], audit)
+        if score not in (0.0, 1.0):
+            audit["flags"].append("checker_bad_score")
+            return self._verification([Gate.VERIFIER_AVAILABLE], audit)
+        audit["trusted"] = not audit["flags"]
+        return Verification(float(score), True, Verdict.VALID, (), audit).to_dict()
+
+    def close(self, env_id: str) -> dict:
+        with self._envs_lock:
+            env = self._envs.pop(env_id, None)
+        if env is None:
+            return {"env_id": env_id, "closed": False}
+        with env.lock:
+            self._stop_worker(env, kill=False)
+        return {"env_id": env_id, "closed": True}
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _spawn(self, channel: Channel, n: int, size) -> list[tuple[Channel, int, dict]]:
+        """Ask a process to fork n children, each with a fresh channel; returns their hellos."""
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)]
+        try:
+            channel.send(("fork", n, size))
+            channel.send_fds([theirs.fileno() for _, theirs in pairs])
+        finally:
+            for _, theirs in pairs:
+                theirs.close()
+        reply = channel.recv(timeout=self.config.create_timeout_s)
+        if "error" in reply:
+            raise RuntimeError(f"fork failed: {reply['error']}")
+        out = []
+        for (ours, _), pid in zip(pairs, reply["pids"], strict=True):
+            child = Channel(ours)
+            out.append((child, pid, child.recv(timeout=self.config.create_timeout_s)))
+        return out
+
+    def _call(self, env: Environment, message, timeout: float, error_gate: Gate) -> dict | None:
+        """One request to the worker; a gate failure quarantines `env` and returns None."""
+        try:
+            reply = env.channel.call(message, timeout=timeout)
+        except ChannelTimeout:
+            self._quarantine(env, Gate.STEP_TIMEOUT)
+            return None
+        except ChannelClosed:
+            self._quarantine(env, Gate.WORKER_ALIVE)
+            return None
+        if "error" in reply:
+            log.warning("environment %s: %s", env.env_id, reply["error"])
+            self._quarantine(env, error_gate)
+            return None
+        return reply
+
+    def _quarantine(self, env: Environment, gate: Gate) -> None:
+        env.failed_gates.append(str(gate))
+        log.warning("environment %s quarantined: gate %s failed", env.env_id, gate)
+        # A worker that missed its timeout may be wedged: stop it hard.
+        self._stop_worker(env, kill=gate == Gate.STEP_TIMEOUT)
+
+    def _stop_worker(self, env: Environment, kill: bool) -> None:
+        if env.channel is None:
+            return
+        if kill and env.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(env.pid, signal.SIGKILL)
+        env.channel.close()  # a live worker reads end-of-stream and exits
+        env.channel = None
+
+    def _register(self, env: Environment) -> None:
+        with self._envs_lock:
+            self._envs[env.env_id] = env
+
+    def _get(self, env_id: str) -> Environment:
+        try:
+            return self._envs[env_id]
+        except KeyError:
+            raise UnknownEnvironment(env_id) from None
+
+    @staticmethod
+    def _blank(png: bytes) -> bool:
+        with Image.open(io.BytesIO(png)) as image:
+            return is_blank(image)
+
+    @staticmethod
+    def _verification(gates, audit: dict) -> dict:
+        audit["trusted"] = False
+        return Verification.invalid([str(g) for g in gates], **audit).to_dict()

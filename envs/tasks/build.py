@@ -1,0 +1,140 @@
+"""Build the seeded task set: tasks.jsonl, solutions.jsonl and index.json.
+
+    python -m envs.tasks.build --seed 1 --per-family 12 --out DIR [--check]
+
+Every task is a function of (seed, family, index) and the screen size. tasks.jsonl is what an
+environment is created with (no solutions inside); solutions.jsonl holds, per task id, the oracle
+action list and the near misses, for the validator only. `--check` builds twice and fails on any
+byte difference. GENERATOR_VERSION changes whenever a build's bytes change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from envab.hashing import sha256_bytes, sha256_file
+from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
+from envs.desktop import Desktop
+from envs.tasks.checkers import out_of_scope_digest
+from envs.tasks.families import FAMILIES
+
+GENERATOR_VERSION = "1"
+OUTPUTS = ("tasks.jsonl", "solutions.jsonl", "index.json")
+
+
+def task_rng(seed: int, family: str, index: int) -> random.Random:
+    """The one source of randomness of a task, independent of every other task."""
+    return random.Random(int(sha256_bytes(f"{seed}/{family}/{index}".encode())[:16], 16))
+
+
+def make_task(seed: int, family: str, index: int, width: int = 128, height: int = 128):
+    """(task, solution) for one (seed, family, index)."""
+    spec = FAMILIES[family](task_rng(seed, family, index), width, height)
+    desktop = Desktop(width, height)
+    desktop.setup(spec.config)
+    initial = desktop.state()
+    task_id = f"{family}-s{seed}-{index:03d}"
+    task = {
+        "id": task_id,
+        "family": family,
+        "instruction": spec.instruction,
+        "config": spec.config,
+        "evaluator": {
+            "func": spec.func,
+            "options": spec.options,
+            "initial_state_sha256": desktop.state_hash(),
+            "scope": {
+                "may_change": spec.may_change,
+                "unchanged_sha256": out_of_scope_digest(initial, spec.may_change),
+            },
+        },
+        "generator": {"version": GENERATOR_VERSION, "seed": seed, "index": index},
+    }
+    near = [
+        {"name": name, "actions": actions}
+        for name, actions in spec.near_misses.items()
+        if actions and actions != spec.oracle  # the no-op is played anyway
+    ]
+    return task, {"id": task_id, "oracle": spec.oracle, "near_misses": near}
+
+
+def build(seed: int, per_family: int, width: int = 128, height: int = 128,
+          families: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    tasks, solutions = [], []
+    for family in families or list(FAMILIES):
+        for index in range(per_family):
+            task, solution = make_task(seed, family, index, width, height)
+            tasks.append(task)
+            solutions.append(solution)
+    return tasks, solutions
+
+
+def write_build(out: Path, seed: int, per_family: int, width: int = 128, height: int = 128,
+                families: list[str] | None = None) -> dict:
+    """Write the three files (each atomically) and return the index."""
+    tasks, solutions = build(seed, per_family, width, height, families)
+    write_jsonl(out / "tasks.jsonl", tasks)
+    write_jsonl(out / "solutions.jsonl", solutions)
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t["family"]] = counts.get(t["family"], 0) + 1
+    index = {
+        "generator_version": GENERATOR_VERSION,
+        "seed": seed,
+        "per_family": per_family,
+        "screen": [width, height],
+        "families": counts,
+        "tasks": len(tasks),
+        "near_misses": sum(len(s["near_misses"]) for s in solutions),
+        "sha256": {name: sha256_file(out / name) for name in ("tasks.jsonl", "solutions.jsonl")},
+    }
+    atomic_write_json(out / "index.json", index)
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m envs.tasks.build", description=__doc__.split("\n")[0])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--per-family", type=int, default=12)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--height", type=int, default=128)
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), help="default: all")
+    p.add_argument("--check", action="store_true", help="build twice, fail on any byte difference")
+    args = p.parse_args(argv)
+    if args.per_family < 1:
+        p.error("--per-family must be at least 1")
+    t0 = time.perf_counter()
+    build_args = (args.seed, args.per_family, args.width, args.height, args.families)
+    try:
+        if args.check:
+            with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+                write_build(Path(a), *build_args)
+                write_build(Path(b), *build_args)
+                for name in OUTPUTS:
+                    if (Path(a) / name).read_bytes() != (Path(b) / name).read_bytes():
+                        print(f"build is not deterministic: {name} differs", file=sys.stderr)
+                        return 1
+                for name in OUTPUTS:
+                    atomic_write_bytes(args.out / name, (Path(a) / name).read_bytes())
+            index = {**__import__("json").loads((args.out / "index.json").read_text())}
+        else:
+            index = write_build(args.out, *build_args)
+    except ValueError as e:
+        print(f"task build failed: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"{index['tasks']} tasks ({len(index['families'])} families, {index['near_misses']} near "
+        f"misses) in {args.out} in {time.perf_counter() - t0:.2f}s"
+        + (" - two builds byte-identical" if args.check else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

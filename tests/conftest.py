@@ -1,0 +1,74 @@
+"""Shared fixtures: a throw-away copy of the workflow to run real Snakemake in."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+# What a workflow run needs from the repository (code pins hash these paths too).
+WORKFLOW_PATHS = [
+    "Snakefile",
+    "config.yaml",
+    "rules",
+    "schemas",
+    "preregistration",
+    "envab",
+    "envs",
+    "trainer",
+    "eval",
+    "analysis",
+]
+
+
+def _ignore(_dir, names):
+    return {n for n in names if n in ("__pycache__", ".snakemake")}
+
+
+@pytest.fixture
+def workflow(tmp_path) -> Workflow:
+    for name in WORKFLOW_PATHS:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / name, ignore=_ignore)
+        elif src.exists():
+            shutil.copy2(src, tmp_path / name)
+    return Workflow(tmp_path)
+
+
+class Workflow:
+    """A copy of the workflow in a temporary directory, run with the real Snakemake CLI."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def snakemake(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", "--cores", "1", *args],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def edit_config(self, update) -> None:
+        path = self.root / "config.yaml"
+        config = yaml.safe_load(path.read_text())
+        update(config)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def edit_target(self, update) -> None:
+        path = self.root / "preregistration" / "target.yaml"
+        target = yaml.safe_load(path.read_text())
+        update(target)
+        path.write_text(yaml.safe_dump(target, sort_keys=False))
+
+    def python(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *args], cwd=self.root, capture_output=True, text=True, timeout=300
+        )

@@ -1,0 +1,125 @@
+"""Bad configuration and pre-registration values: one clear line each, exit status non-zero."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envab.config import ConfigError, Target, check_config, selected_runs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("env-ab:")]
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda c: c["arms"]["drums"].update(mode="forkk"),
+            "config: arms.drums.mode: 'forkk' is not one of ['fork', 'restore']",
+        ),
+        (lambda c: c.pop("split"), "config: (top level): 'split' is a required property"),
+        (lambda c: c["split"].update(heldout_fraction=1.5), "config: split.heldout_fraction"),
+        (
+            lambda c: c["model"].update(source="hf://Qwen/Qwen3-VL-4B-Instruct@main"),
+            "config: model.source",
+        ),
+        (lambda c: c.update(colour="blue"), "unknown key ('colour' was unexpected)"),
+        (
+            lambda c: c["arms"].pop("drums"),
+            "config: arms: configured ['restore'] but the pre-registration names "
+            "['drums', 'restore']",
+        ),
+    ],
+)
+def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
+    workflow.edit_config(edit)
+    result = workflow.snakemake("-n")
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0]
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda t: t["target"].update(threshold=-0.1),
+            "target.threshold: -0.1 is less than the minimum of 0",
+        ),
+        (lambda t: t.pop("budget"), "'budget' is a required property"),
+        (
+            lambda t: t["evaluation"].update(backend="qemu"),
+            "evaluation.backend: 'qemu' is not one of the arms",
+        ),
+    ],
+)
+def test_bad_preregistration_value_is_one_clear_line(workflow, edit, expected):
+    workflow.edit_target(edit)
+    result = workflow.snakemake("-n")
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert "target.yaml" in lines[0] and expected in lines[0]
+
+
+def test_unknown_arm_or_seed_is_refused_with_the_valid_ones(workflow):
+    result = workflow.snakemake("-n", "--config", "arm=qemu")
+    assert result.returncode != 0
+    assert error_lines(result) == [
+        "env-ab: arm='qemu' is not a registered arm; valid arms: ['restore', 'drums']"
+    ]
+    result = workflow.snakemake("-n", "--config", "seed=7")
+    assert result.returncode != 0
+    assert error_lines(result) == [
+        "env-ab: seed=7 is not a registered training seed; valid seeds: [1]"
+    ]
+
+
+def test_literal_selection_says_what_to_type(workflow):
+    result = workflow.snakemake("-n", "arm=drums", "seed=1")
+    assert result.returncode != 0
+    assert error_lines(result) == [
+        "env-ab: Snakemake reads arm=drums seed=1 as targets; select a run with "
+        "--config arm=drums seed=1"
+    ]
+
+
+def test_config_selection_restricts_the_dry_run(workflow):
+    everything = workflow.snakemake("-n")
+    one = workflow.snakemake("-n", "--config", "arm=drums", "seed=1")
+    assert everything.returncode == 0 and one.returncode == 0, everything.stderr + one.stderr
+    assert "results/embedded-default-v1/restore/seed1/pins.json" in everything.stdout
+    assert "results/embedded-default-v1/drums/seed1/pins.json" in one.stdout
+    assert "results/embedded-default-v1/restore/seed1/pins.json" not in one.stdout
+
+
+def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():
+    target = Target.load(REPO / "preregistration" / "target.yaml")
+    raw = {**target.raw, "seeds": [1, 2]}
+    two_seeds = Target(
+        target.experiment_id, target.threshold, target.arms, (1, 2), target.evaluation_backend, raw
+    )
+    assert selected_runs({}, two_seeds) == [
+        ("restore", 1),
+        ("restore", 2),
+        ("drums", 1),
+        ("drums", 2),
+    ]
+    assert selected_runs({"arm": "drums"}, two_seeds) == [("drums", 1), ("drums", 2)]
+    assert selected_runs({"seed": "2"}, two_seeds) == [("restore", 2), ("drums", 2)]
+    with pytest.raises(ConfigError, match="valid arms"):
+        selected_runs({"arm": "qemu"}, two_seeds)
+
+
+def test_shipped_config_and_target_are_valid():
+    import yaml
+
+    target = Target.load(REPO / "preregistration" / "target.yaml")
+    check_config(yaml.safe_load((REPO / "config.yaml").read_text()), target)
+    assert target.evaluation_backend in target.arms

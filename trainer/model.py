@@ -1,0 +1,416 @@
+"""The model pin: where the model comes from, what its files must hash to, and how it is loaded.
+
+Two sources, one manifest check, one loading path:
+
+- `builtin:tiny-qwen3-vl` is built offline from the task instructions (trainer/tiny_model.py);
+- `hf://<owner>/<name>@<40-hex commit>` is fetched with `huggingface_hub.snapshot_download`,
+  which honours HF_HUB_OFFLINE (offline and not on disk -> one clear error).
+
+Either way the model folder is compared file by file against a sha256 manifest before it is used,
+and loaded through `AutoModelForImageTextToText` / `AutoProcessor` from local files only.
+
+Manifest rule: every regular file under the model folder counts, except the top-level `.cache/`
+folder that `snapshot_download(local_dir=...)` keeps for its own bookkeeping (download metadata,
+not model content). Nothing else is ignored.
+
+CLI:
+    python -m trainer.model build --source builtin:tiny-qwen3-vl --tasks tasks.jsonl --out DIR
+    python -m trainer.model build --source hf://Qwen/Qwen3-VL-4B-Instruct@<commit> --out DIR
+    python -m trainer.model manifest DIR [--json]
+    python -m trainer.model check DIR --manifest FILE
+    python -m trainer.model pin hf://Qwen/Qwen3-VL-4B-Instruct[@<branch|tag|commit>]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from envab.hashing import aggregate_digest, file_manifest, sha256_file
+from envab.io import read_jsonl
+from trainer.tiny_model import SOURCE as BUILTIN_TINY
+from trainer.tiny_model import TinySpec
+
+HUB_SCHEME = "hf://"
+COMMIT = re.compile(r"[0-9a-f]{40}")
+HUB_BOOKKEEPING = ".cache"  # the one ignored path: snapshot_download's folder inside local_dir
+# Public records give this commit for the GPU configuration; `pin` confirms it where the hub is
+# reachable (not confirmed from a machine without hub access).
+QWEN3_VL_4B = "hf://Qwen/Qwen3-VL-4B-Instruct@ebb281ec70b05090aa6165b016eac8ec08e71b17"
+
+
+class ModelPinError(Exception):
+    """A model source, folder or manifest that cannot be used; the message is one line."""
+
+
+# --- sources -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltinSource:
+    spec: TinySpec = field(default_factory=TinySpec)
+
+    def __str__(self) -> str:
+        return BUILTIN_TINY
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo_id: str
+    revision: str  # a 40-hex commit: branches and tags move, commits do not
+
+    def __post_init__(self):
+        _check_repo_id(self.repo_id)
+        if not COMMIT.fullmatch(self.revision):
+            raise ModelPinError(
+                f"model source {HUB_SCHEME}{self.repo_id}@{self.revision}: revision must be a "
+                f"40-hex commit, not {self.revision!r} (get one with: python -m trainer.model pin "
+                f"{HUB_SCHEME}{self.repo_id})"
+            )
+
+    def __str__(self) -> str:
+        return f"{HUB_SCHEME}{self.repo_id}@{self.revision}"
+
+
+def _check_repo_id(repo_id: str) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise ModelPinError(f"model source: bad hub repo id {repo_id!r} ({e})") from None
+    if repo_id.count("/") != 1:
+        raise ModelPinError(f"model source: hub repo id {repo_id!r} must be <owner>/<name>")
+
+
+def split_hub_ref(text: str) -> tuple[str, str | None]:
+    """`hf://owner/name[@rev]` -> (repo_id, rev or None), without judging the revision."""
+    if not text.startswith(HUB_SCHEME):
+        raise ModelPinError(f"model source {text!r}: a hub source starts with {HUB_SCHEME}")
+    repo_id, _, revision = text.removeprefix(HUB_SCHEME).partition("@")
+    _check_repo_id(repo_id)
+    return repo_id, revision or None
+
+
+def parse_source(text: str, spec: TinySpec | None = None) -> BuiltinSource | HubSource:
+    """The one place a source string from a config or command line becomes a typed source."""
+    if text == BUILTIN_TINY:
+        return BuiltinSource(spec or TinySpec())
+    if text.startswith(HUB_SCHEME):
+        repo_id, revision = split_hub_ref(text)
+        if revision is None:
+            raise ModelPinError(f"model source {text!r}: missing @<40-hex commit>")
+        return HubSource(repo_id, revision)
+    raise ModelPinError(
+        f"model source {text!r}: expected {BUILTIN_TINY} or {HUB_SCHEME}<owner>/<name>@<commit>"
+    )
+
+
+def spec_from_mapping(values: dict) -> TinySpec:
+    """A TinySpec from config values; an unknown key is refused by name."""
+    known = {f.name for f in fields(TinySpec)}
+    if unknown := sorted(set(values) - known):
+        raise ModelPinError(
+            f"tiny model spec: unknown key(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    if "deepstack_visual_indexes" in values:
+        values = {**values, "deepstack_visual_indexes": tuple(values["deepstack_visual_indexes"])}
+    try:
+        return TinySpec(**values)
+    except (TypeError, ValueError) as e:
+        raise ModelPinError(str(e)) from None
+
+
+def read_instructions(tasks_path: str | Path) -> list[str]:
+    """Unique task instructions, sorted: the tokenizer depends on the set, not on line order."""
+    instructions = set()
+    try:
+        for n, task in enumerate(read_jsonl(tasks_path), 1):
+            text = task.get("instruction") if isinstance(task, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise ModelPinError(f"{tasks_path}:{n}: task has no 'instruction' string")
+            instructions.add(text)
+    except (OSError, ValueError) as e:
+        raise ModelPinError(f"task set {tasks_path}: {e}") from None
+    if not instructions:
+        raise ModelPinError(f"task set {tasks_path}: no tasks")
+    return sorted(instructions)
+
+
+# --- materialising a source into a folder --------------------------------------------------------
+
+
+def build_builtin(source: BuiltinSource, instructions: list[str], out: str | Path) -> Path:
+    """Build the tiny model into `out` via a temporary sibling, so `out` is never half written."""
+    from trainer import tiny_model
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ModelPinError(
+            f"model folder {out} already has files; remove it or pick another --out"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tiny_model.build(instructions, tmp, source.spec)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def fetch(source: HubSource, out: str | Path) -> Path:
+    """Download (or, offline, reuse) the pinned snapshot into `out`."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(source.repo_id, revision=source.revision, local_dir=out))
+    except RevisionNotFoundError:
+        raise ModelPinError(f"model source {source}: the hub has no such commit") from None
+    except RepositoryNotFoundError:
+        raise ModelPinError(
+            f"model source {source}: the hub has no such repository "
+            "(or it is gated and no token was given)"
+        ) from None
+    except LocalEntryNotFoundError as e:
+        if constants.HF_HUB_OFFLINE:
+            raise ModelPinError(
+                f"model source {source}: HF_HUB_OFFLINE is set and the snapshot is not on disk at "
+                f"{out}; fetch it once where the hub is reachable, or unset HF_HUB_OFFLINE"
+            ) from None
+        raise ModelPinError(
+            f"model source {source}: cannot reach the hub and the snapshot is "
+            f"not on disk at {out} ({type(e).__name__})"
+        ) from None
+
+
+def materialize(
+    source: BuiltinSource | HubSource, out: str | Path, tasks: str | Path | None = None
+) -> Path:
+    """Make `out` hold the source's files: built (builtin) or fetched (hub)."""
+    if isinstance(source, HubSource):
+        return fetch(source, out)
+    if tasks is None:
+        raise ModelPinError(f"model source {source}: needs a task set (--tasks tasks.jsonl)")
+    return build_builtin(source, read_instructions(tasks), out)
+
+
+# --- the manifest --------------------------------------------------------------------------------
+
+
+def model_manifest(model_dir: str | Path) -> dict[str, str]:
+    """Relative path -> sha256 of every model file (see the module docstring for the one rule)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelPinError(f"model folder {model_dir} does not exist")
+    manifest = file_manifest(model_dir)
+    return {p: h for p, h in manifest.items() if p.split("/", 1)[0] != HUB_BOOKKEEPING}
+
+
+def manifest_problems(actual: dict[str, str], expected: dict[str, str]) -> dict[str, list[str]]:
+    """Paths that differ, grouped as mismatched / missing / extra (empty lists when equal)."""
+    return {
+        "mismatched": sorted(
+            p for p in expected.keys() & actual.keys() if expected[p] != actual[p]
+        ),
+        "missing": sorted(expected.keys() - actual.keys()),
+        "extra": sorted(actual.keys() - expected.keys()),
+    }
+
+
+def check_manifest(model_dir: str | Path, expected: dict[str, str]) -> dict[str, str]:
+    """Refuse a model folder whose files are not exactly the expected ones; return the manifest."""
+    if not expected:
+        raise ModelPinError(
+            "model manifest is empty; paste the output of "
+            "`python -m trainer.model manifest DIR` (or `pin`) into the config"
+        )
+    actual = model_manifest(model_dir)
+    problems = manifest_problems(actual, expected)
+    if any(problems.values()):
+        named = "; ".join(
+            f"{kind}: {', '.join(paths)}" for kind, paths in problems.items() if paths
+        )
+        raise ModelPinError(f"model folder {model_dir} does not match its manifest ({named})")
+    return actual
+
+
+def read_manifest_file(path: str | Path) -> dict[str, str]:
+    """A manifest from YAML or JSON: either the bare mapping or `{manifest: mapping}`."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ModelPinError(f"manifest {path}: cannot read ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("manifest"), dict):
+        data = data["manifest"]
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)
+        for k, v in data.items()
+    ):
+        raise ModelPinError(f"manifest {path}: expected a mapping of file path -> sha256 hex")
+    return data
+
+
+# --- the one loading path ------------------------------------------------------------------------
+
+
+def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: str = "float32"):
+    """(model, processor) from a local model folder, checked first when a manifest is given."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model_dir = Path(model_dir)
+    if expected is not None:
+        check_manifest(model_dir, expected)
+    elif not model_dir.is_dir():
+        raise ModelPinError(f"model folder {model_dir} does not exist")
+    model = AutoModelForImageTextToText.from_pretrained(
+        model_dir, local_files_only=True, dtype=getattr(torch, dtype)
+    ).eval()
+    processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+    return model, processor
+
+
+# --- pinning a hub repository --------------------------------------------------------------------
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """Connection errors of the HTTP client under huggingface_hub (httpx2 from 2.x, else httpx)."""
+    import importlib
+
+    errors = []
+    for name in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(importlib.import_module(name).TransportError)
+    return tuple(errors)
+
+
+def pin(ref: str) -> tuple[HubSource, dict[str, str]]:
+    """Resolve `hf://owner/name[@branch|tag|commit]` to a commit and its per-file sha256 manifest.
+
+    LFS files carry their sha256 in the hub's tree listing; the small non-LFS files (configs,
+    tokenizer, template) only carry a git blob id, so those are downloaded and hashed.
+    """
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    repo_id, revision = split_hub_ref(ref)
+    api = HfApi()
+    try:
+        commit = api.repo_info(repo_id, revision=revision or "main").sha
+        source = HubSource(repo_id, commit)
+        manifest: dict[str, str] = {}
+        with tempfile.TemporaryDirectory() as scratch:
+            for entry in api.list_repo_tree(repo_id, revision=commit, recursive=True):
+                if not hasattr(entry, "blob_id"):
+                    continue  # a folder
+                if entry.lfs is not None:
+                    manifest[entry.path] = entry.lfs.sha256
+                else:
+                    local = hf_hub_download(repo_id, entry.path, revision=commit, cache_dir=scratch)
+                    manifest[entry.path] = sha256_file(local)
+    except OfflineModeIsEnabled:
+        raise ModelPinError(f"pin {ref}: HF_HUB_OFFLINE is set; pinning needs the hub") from None
+    except (HfHubHTTPError, OSError, *_transport_errors()) as e:
+        raise ModelPinError(f"pin {ref}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return source, dict(sorted(manifest.items()))
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def _dump(obj, as_json: bool) -> str:
+    import yaml
+
+    if as_json:
+        return json.dumps(obj, indent=2, sort_keys=True)
+    return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False).rstrip("\n")
+
+
+def _read_spec(path: str | None) -> TinySpec | None:
+    import yaml
+
+    if path is None:
+        return None
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ModelPinError(f"tiny model spec {path}: cannot read ({e})") from None
+    if not isinstance(values, dict):
+        raise ModelPinError(f"tiny model spec {path}: expected a mapping of TinySpec fields")
+    return spec_from_mapping(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.model", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="build (builtin) or fetch (hub) a model folder")
+    p.add_argument("--source", required=True, help=f"{BUILTIN_TINY} or hf://owner/name@commit")
+    p.add_argument("--out", required=True, help="model folder to create")
+    p.add_argument("--tasks", help="tasks.jsonl whose instructions train the builtin tokenizer")
+    p.add_argument("--spec", help="YAML/JSON of TinySpec fields for the builtin (e.g. seed)")
+    p.add_argument("--manifest", help="check the result against this manifest file")
+
+    p = sub.add_parser("manifest", help="print a model folder's per-file sha256 manifest")
+    p.add_argument("model_dir")
+    p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+
+    p = sub.add_parser("check", help="compare a model folder with a manifest file")
+    p.add_argument("model_dir")
+    p.add_argument("--manifest", required=True)
+
+    p = sub.add_parser("pin", help="resolve a hub repo to a commit and print its manifest")
+    p.add_argument("ref", help="hf://owner/name[@branch|tag|commit]")
+    p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            source = parse_source(args.source, _read_spec(args.spec))
+            out = materialize(source, args.out, args.tasks)
+            manifest = (
+                check_manifest(out, read_manifest_file(args.manifest))
+                if args.manifest
+                else model_manifest(out)
+            )
+            print(
+                f"{source} -> {out}: {len(manifest)} files, "
+                f"aggregate sha256 {aggregate_digest(manifest)}"
+            )
+        elif args.command == "manifest":
+            print(_dump(model_manifest(args.model_dir), args.json))
+        elif args.command == "check":
+            manifest = check_manifest(args.model_dir, read_manifest_file(args.manifest))
+            print(f"ok: {args.model_dir} matches {len(manifest)} files")
+        elif args.command == "pin":
+            source, manifest = pin(args.ref)
+            print(_dump({"source": str(source), "manifest": manifest}, args.json))
+    except ModelPinError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
