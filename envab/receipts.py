@@ -3,8 +3,11 @@
 Layout follows the in-toto Statement: ``subject[]`` lists the files the receipt vouches for, each
 with ``digest.sha256``; ``predicate`` holds what was recorded, including ``depends_on``: the
 receipts this one builds on, named by path and digest, so tampering with any one shows in
-``verify`` on every receipt that depends on it. Paths are relative to the workflow's working
-directory.
+``verify`` on every receipt that depends on it. ``predicate.statement_sha256`` is the digest of the
+receipt itself with that field left out, so an edited receipt that nothing depends on shows too.
+(It catches edits, not forgery: whoever can rewrite a receipt can recompute it; signing the
+statement, e.g. in a DSSE envelope, is the step beyond.) Paths are relative to the workflow's
+working directory.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from envab.hashing import sha256_file
+from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -66,8 +69,15 @@ def write_receipt(
             "written_utc": utc_now(),
         },
     }
+    statement["predicate"]["statement_sha256"] = statement_digest(statement)
     atomic_write_json(path, statement)
     return statement
+
+
+def statement_digest(statement: dict) -> str:
+    """Digest of a receipt with its own `statement_sha256` left out."""
+    predicate = {k: v for k, v in statement["predicate"].items() if k != "statement_sha256"}
+    return sha256_json({**statement, "predicate": predicate})
 
 
 def read_receipt(path: str | Path) -> dict:

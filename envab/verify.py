@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envab.hashing import sha256_file
-from envab.receipts import read_receipt
+from envab.receipts import read_receipt, statement_digest
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class Check:
         return self.status == "ok"
 
     def line(self) -> str:
+        if self.role == "receipt":
+            return f"{self.status:<9} {self.path}  (the receipt itself)"
         return f"{self.status:<9} {self.path}  ({self.role} of {self.receipt})"
 
 
@@ -57,9 +59,11 @@ def verify_dir(receipts: str | Path, root: str | Path = ".") -> list[Check]:
             statement = read_receipt(file)
             subjects = statement["subject"]
             depends_on = statement["predicate"]["depends_on"]
+            intact = statement["predicate"]["statement_sha256"] == statement_digest(statement)
         except (ValueError, KeyError, TypeError):
             checks.append(Check("MALFORMED", name, name, "receipt"))
             continue
+        checks.append(Check("ok" if intact else "MISMATCH", name, name, "receipt"))
         checks += [_check_digest(s, root, name, "subject") for s in subjects]
         checks += [_check_digest(d, root, name, "depends_on") for d in depends_on]
     return checks

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("envs.host").warning("fault injection is ON")
     where = {"fd": args.fd} if args.fd is not None else {"host": args.bind, "port": args.port}
     uvicorn.run(app, log_level="info", access_log=args.access_log,
-                timeout_graceful_shutdown=5, **where)
+                timeout_graceful_shutdown=5,
+                timeout_keep_alive=120, **where)  # a policy may think for a while
 
 
 if __name__ == "__main__":

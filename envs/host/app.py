@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hmac
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Request

@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 
 
-
 def read_token(path: str | Path) -> str:
     """The bearer token from a file (surrounding whitespace dropped); never echoed."""
     try:

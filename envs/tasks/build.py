@@ -11,6 +11,7 @@ byte difference. GENERATOR_VERSION changes whenever a build's bytes change.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -98,7 +99,7 @@ def write_build(out: Path, seed: int, per_family: int, width: int = 128, height:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m envs.tasks.build", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m envs.tasks.build", description="Build a task set.")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per-family", type=int, default=12)
     p.add_argument("--out", type=Path, required=True)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         return 1
                 for name in OUTPUTS:
                     atomic_write_bytes(args.out / name, (Path(a) / name).read_bytes())
-            index = {**__import__("json").loads((args.out / "index.json").read_text())}
+            index = json.loads((args.out / "index.json").read_text())
         else:
             index = write_build(args.out, *build_args)
     except ValueError as e:

@@ -1,0 +1,312 @@
+"""DrumsBackend / DrumsSession: `envs.protocol` over HTTP with httpx.
+
+Exercised against the embedded host (`envs.host`) only, never against a real drumsd.
+
+- The token comes from an argument, `DRUMS_TOKEN_FILE` or `DRUMS_TOKEN`; it lives in the request
+  headers only and is never logged, put in a repr or in an exception message.
+- Every request has a timeout. A request that never reached the host (connection refused) is
+  retried; a request that may have reached it is retried only when it is idempotent (health,
+  verify, close), never create, fork or step.
+- A gate failure, a dead host, a timeout or a lost environment gives an *invalid* observation or
+  verification with its verdict and failed gate, never a score of 0. Only a request that is wrong
+  in itself (bad task, bad action, no token) raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+from PIL import Image
+
+from envs.protocol import (
+    Backend,
+    ForkUnsupported,
+    Gate,
+    Observation,
+    Session,
+    Verification,
+    check_action,
+    verdict_for,
+)
+
+log = logging.getLogger("envs.drums")
+
+_RETRY_STATUS = frozenset({502, 503, 504})
+
+
+class DrumsError(RuntimeError):
+    """The host refused a request that is wrong in itself (auth, bad task, unknown route)."""
+
+
+class ActionRejected(ValueError):
+    """The desktop refused the action (off screen, after DONE); nothing changed."""
+
+
+class _Unreachable(Exception):
+    """Internal: the host did not answer (or answered 5xx); carries the gate to fail."""
+
+    def __init__(self, gate: Gate, reason: str):
+        super().__init__(reason)
+        self.gate = gate
+        self.reason = reason
+
+
+def read_token(token: str | None = None, token_file: str | Path | None = None) -> str:
+    """The bearer token: argument, then token_file, then DRUMS_TOKEN_FILE, then DRUMS_TOKEN."""
+    if token:
+        return token
+    path = token_file or os.environ.get("DRUMS_TOKEN_FILE")
+    if path:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as e:
+            raise DrumsError(f"token file {path}: {e.strerror}") from None
+        if not value:
+            raise DrumsError(f"token file {path} is empty")
+        return value
+    value = os.environ.get("DRUMS_TOKEN", "").strip()
+    if not value:
+        raise DrumsError("no Drums token: set DRUMS_TOKEN_FILE or DRUMS_TOKEN")
+    return value
+
+
+def _image(b64: str | None) -> Image.Image | None:
+    if b64 is None:
+        return None
+    with Image.open(io.BytesIO(base64.b64decode(b64))) as image:
+        return image.convert("RGB")
+
+
+def _observation(body: Mapping, screenshot: Image.Image | None, done: bool = False) -> Observation:
+    return Observation(
+        generation=int(body["generation"]),
+        screenshot=screenshot,
+        valid=bool(body["valid"]),
+        verdict=str(body["verdict"]),
+        failed_gates=tuple(body.get("failed_gates") or ()),
+        done=done,
+        state_sha256=body.get("state_sha256"),
+    )
+
+
+def _invalid(generation: int, gate: Gate) -> Observation:
+    return Observation(generation, None, False, str(verdict_for([gate])), (str(gate),))
+
+
+class DrumsBackend(Backend):
+    """Sessions on one Drums host. Thread-safe: one httpx connection pool for all sessions."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        connect_timeout_s: float = 5.0,
+        step_timeout_s: float = 30.0,
+        create_timeout_s: float = 120.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_connections: int = 64,
+    ):
+        self.url = url.rstrip("/")
+        self.step_timeout_s = step_timeout_s
+        self.create_timeout_s = create_timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        # Nagle's algorithm plus delayed ACKs would add ~40 ms to every small POST.
+        transport = httpx.HTTPTransport(
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections),
+        )
+        self._http = httpx.Client(
+            base_url=self.url, transport=transport,
+            headers={"Authorization": f"Bearer {read_token(token, token_file)}"},
+            timeout=httpx.Timeout(step_timeout_s, connect=connect_timeout_s),
+        )
+        self._can_fork: bool | None = None
+
+    def __repr__(self) -> str:
+        return f"DrumsBackend(url={self.url!r})"
+
+    @classmethod
+    def from_env(cls, **kwargs) -> DrumsBackend:
+        """URL from DRUMS_URL, token from DRUMS_TOKEN_FILE or DRUMS_TOKEN."""
+        url = os.environ.get("DRUMS_URL")
+        if not url:
+            raise DrumsError("DRUMS_URL is not set")
+        return cls(url, **kwargs)
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    @property
+    def can_fork(self) -> bool:
+        if self._can_fork is None:
+            self._can_fork = bool(self.health().get("can_fork"))
+        return self._can_fork
+
+    def health(self) -> dict:
+        return self._request("GET", "/v1/health", idempotent=True)
+
+    def create(self, task: Mapping, *, faults: Mapping | None = None) -> DrumsSession:
+        body = {"task": dict(task)}
+        if faults:
+            body["faults"] = dict(faults)
+        try:
+            reply = self._request("POST", "/v1/envs", json=body, timeout=self.create_timeout_s)
+        except _Unreachable as e:
+            log.warning("create %s: %s", task.get("id"), e.reason)
+            return DrumsSession(self, None, _invalid(0, e.gate), task.get("id"), reason=e.reason)
+        obs = _observation(reply, _image(reply.get("screenshot_png")))
+        return DrumsSession(self, reply["env_id"], obs, task.get("id"), timings=reply["timings"])
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- transport --------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, idempotent: bool = False,
+                 timeout: float | None = None, json=None) -> dict:
+        """One call; retried on a refused connection, and on any failure when idempotent."""
+        attempts = 1 + self.retries
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                r = self._http.request(method, path, json=json,
+                                       timeout=timeout or self.step_timeout_s)
+            except httpx.ConnectError as e:  # never reached the host: always safe to retry
+                reason = f"cannot connect to {self.url} ({type(e).__name__})"
+                if last:
+                    raise _Unreachable(Gate.HOST_REACHABLE, reason) from None
+            except httpx.TimeoutException:
+                reason = f"{method} {path}: no answer within the timeout"
+                if last or not idempotent:
+                    raise _Unreachable(Gate.STEP_TIMEOUT, reason) from None
+            except httpx.TransportError as e:
+                reason = f"{method} {path}: {type(e).__name__}"
+                if last or not idempotent:
+                    raise _Unreachable(Gate.HOST_REACHABLE, reason) from None
+            else:
+                if r.status_code in _RETRY_STATUS and idempotent and not last:
+                    pass
+                else:
+                    return self._decode(r, method, path)
+            time.sleep(self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _decode(r: httpx.Response, method: str, path: str) -> dict:
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        message = body.get("error", r.reason_phrase) if isinstance(body, dict) else r.reason_phrase
+        if r.status_code < 300:
+            return body
+        where = f"{method} {path}"
+        if r.status_code == 401:
+            raise DrumsError(f"{where}: the host refused the token (401)")
+        if r.status_code in (404, 409):  # gone, or quarantined by the host
+            raise _Unreachable(Gate.WORKER_ALIVE, f"{where}: {message}")
+        if r.status_code == 422:
+            raise ActionRejected(message)
+        if r.status_code == 501:
+            raise ForkUnsupported(message)
+        if r.status_code >= 500:
+            raise _Unreachable(Gate.HOST_REACHABLE, f"{where}: host error {r.status_code}")
+        raise DrumsError(f"{where}: {r.status_code} {message}")
+
+
+class DrumsSession(Session):
+    """One environment on a Drums host; invalid locally once the host stops answering."""
+
+    def __init__(self, backend: DrumsBackend, env_id: str | None, observation: Observation,
+                 task_id: str | None, *, reason: str | None = None, timings: dict | None = None,
+                 parent: str | None = None):
+        self.backend = backend
+        self.env_id = env_id
+        self.observation = observation
+        self.task_id = task_id
+        self.parent = parent
+        self.timings = timings or {}
+        self._reason = reason  # why the client gave up on this environment, if it did
+        self._closed = env_id is None
+
+    def __repr__(self) -> str:
+        return f"DrumsSession(env_id={self.env_id!r}, generation={self.generation})"
+
+    def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
+        action = check_action(action)
+        if not self.observation.valid:
+            return self.observation  # quarantined: no more steps
+        gen = self.observation.generation if generation is None else generation
+        try:
+            reply = self.backend._request(
+                "POST", f"/v1/envs/{self.env_id}/step",
+                json={"action": action, "generation": gen})
+        except _Unreachable as e:
+            self._give_up(e)
+            return self.observation
+        screenshot = _image(reply.get("screenshot_png"))
+        self.observation = _observation(reply, screenshot, bool(reply.get("done")))
+        self.timings = reply.get("timings", {})
+        return self.observation
+
+    def fork(self, n: int) -> list[DrumsSession]:
+        if not self.observation.valid:  # children of a quarantined parent are invalid too
+            return [DrumsSession(self.backend, None, self.observation, self.task_id,
+                                 reason=self._reason, parent=self.env_id) for _ in range(n)]
+        try:
+            reply = self.backend._request(
+                "POST", f"/v1/envs/{self.env_id}/fork", json={"n": n},
+                timeout=self.backend.create_timeout_s)
+        except _Unreachable as e:
+            log.warning("fork %s: %s", self.env_id, e.reason)
+            dead = _invalid(self.generation, e.gate)
+            return [DrumsSession(self.backend, None, dead, self.task_id, reason=e.reason,
+                                 parent=self.env_id) for _ in range(n)]
+        children = []
+        for child in reply["children"]:
+            # A child starts in the parent's state, so it shows the parent's screenshot.
+            screenshot = self.observation.screenshot if child["valid"] else None
+            children.append(DrumsSession(
+                self.backend, child["env_id"], _observation(child, screenshot), self.task_id,
+                timings=reply["timings"], parent=self.env_id))
+        return children
+
+    def verify(self) -> Verification:
+        if self.env_id is None or self._reason is not None:
+            return Verification.invalid(self.observation.failed_gates or [Gate.HOST_REACHABLE],
+                                        env_id=self.env_id, error=self._reason, trusted=False)
+        try:
+            reply = self.backend._request(
+                "POST", f"/v1/envs/{self.env_id}/verify", idempotent=True)
+        except _Unreachable as e:
+            self._give_up(e)
+            return Verification.invalid([e.gate], env_id=self.env_id, error=e.reason,
+                                        trusted=False)
+        return Verification.from_dict(reply)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.backend._request("DELETE", f"/v1/envs/{self.env_id}", idempotent=True)
+        except (_Unreachable, DrumsError) as e:
+            log.warning("close %s: %s", self.env_id, getattr(e, "reason", e))
+
+    def _give_up(self, e: _Unreachable) -> None:
+        log.warning("environment %s: %s", self.env_id, e.reason)
+        self._reason = e.reason
+        if self.observation.valid:
+            self.observation = _invalid(self.observation.generation, e.gate)
