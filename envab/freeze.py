@@ -4,8 +4,8 @@
     python -m envab.freeze split --target T --tasks tasks.jsonl --seed 0 --heldout-fraction 0.25 \
         --train train.jsonl --heldout heldout.jsonl
     python -m envab.freeze code --target T --groups '{"trainer": ["trainer/**/*.py"]}'
-    python -m envab.freeze model --target T --source builtin:tiny-qwen3-vl --tasks tasks.jsonl \
-        --manifest '{"config.json": "..."}' --out results/<exp>/model
+    python -m envab.freeze model --target T --source builtin:tiny-qwen3-vl --spec '{"seed": 0}' \
+        --tasks tasks.jsonl --manifest '{"config.json": "..."}' --out results/<exp>/model
     python -m envab.freeze pins --target T --arm drums --seed 1 --arm-config '{...}' --out pins.json
 
 Every subcommand but `target` first checks target.yaml against its frozen digest. Errors are one
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from envab import codepins, preregistration
 from envab.config import ConfigError, Target
-from envab.hashing import aggregate_digest, file_manifest, sha256_file, sha256_json
+from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import read_jsonl, write_jsonl
 from envab.receipts import receipt_dir, repo_commit, subject, write_receipt
 from envab.split import RULE, SplitError, split_tasks, task_digest
@@ -95,9 +95,14 @@ def cmd_model(args) -> None:
 
     target = preregistration.check_frozen(args.target)
     out = Path(args.out)
-    model_source.materialize(args.source, out, tasks=args.tasks, seed=args.seed)
-    model_source.check_manifest(out, json.loads(args.manifest))
-    files = file_manifest(out)
+    try:
+        source = model_source.parse_source(
+            args.source, model_source.spec_from_mapping(json.loads(args.spec))
+        )
+        model_source.materialize(source, out, tasks=args.tasks)
+        files = model_source.check_manifest(out, json.loads(args.manifest))
+    except model_source.ModelPinError as e:
+        raise ConfigError(str(e)) from None
     receipts = _receipts(target)
     write_receipt(
         receipts / "model.json",
@@ -105,7 +110,7 @@ def cmd_model(args) -> None:
         subjects=[subject(out / path, digest) for path, digest in files.items()],
         predicate={
             "source": args.source,
-            "seed": args.seed,
+            "spec": json.loads(args.spec),
             "directory": out.as_posix(),
             "files": files,
             "sha256": aggregate_digest(files),
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--target", required=True)
     p.add_argument("--source", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spec", default="{}", help="JSON: builder settings of the builtin model")
     p.add_argument("--tasks", required=True, help="tasks.jsonl (the tiny tokenizer's corpus)")
     p.add_argument("--manifest", required=True, help="JSON: relative path -> sha256")
     p.add_argument("--out", required=True)

@@ -96,7 +96,8 @@ def check_action(action: Any) -> dict:
     kind = action.get("action_type")
     if kind not in ACTION_PARAMETERS:
         raise ValueError(f"action_type {kind!r} is not one of {sorted(ACTION_PARAMETERS)}")
-    params = action.get("parameters") or {}
+    params = action.get("parameters")
+    params = {} if params is None else params
     if not isinstance(params, Mapping):
         raise ValueError(f"{kind}: parameters must be an object")
     for name, typ in ACTION_PARAMETERS[kind].items():

@@ -1,4 +1,6 @@
 # Freeze: target, task set and split, model pin, code pins; then what each (arm, seed) is pinned to.
+# Receipts are write-protected: Snakemake refuses to rerun a job that would overwrite one, so a
+# frozen item is never silently re-frozen.
 
 
 rule freeze_target:
@@ -52,7 +54,7 @@ rule split:
     output:
         train=f"{RESULTS}/tasks/train.jsonl",
         heldout=f"{RESULTS}/tasks/heldout.jsonl",
-        receipt=f"{RECEIPTS}/split.json",
+        receipt=protected(f"{RECEIPTS}/split.json"),
     params:
         seed=config["split"]["seed"],
         fraction=config["split"]["heldout_fraction"],
@@ -69,7 +71,7 @@ rule code_pins:
         target=config["preregistration"],
         receipt=f"{RECEIPTS}/preregistration.json",
     output:
-        f"{RECEIPTS}/code.json",
+        protected(f"{RECEIPTS}/code.json"),
     params:
         groups=as_arg(config["code_pins"]),
     log:
@@ -85,16 +87,16 @@ rule model:
         tasks=f"{RESULTS}/tasks/tasks.jsonl",
     output:
         model=directory(f"{RESULTS}/model"),
-        receipt=f"{RECEIPTS}/model.json",
+        receipt=protected(f"{RECEIPTS}/model.json"),
     params:
         source=config["model"]["source"],
-        seed=config["model"]["seed"],
+        spec=as_arg(config["model"]["spec"]),
         manifest=as_arg(config["model"]["manifest"]),
     log:
         f"{LOGS}/model.log",
     shell:
         "{PYTHON} -m envab.freeze model --target {input.target} --source {params.source}"
-        " --seed {params.seed} --tasks {input.tasks} --manifest {params.manifest}"
+        " --spec {params.spec} --tasks {input.tasks} --manifest {params.manifest}"
         " --out {output.model} > {log} 2>&1"
 
 
@@ -120,8 +122,7 @@ rule freeze:
         expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
 
 
+# No inputs on purpose: verify must check what is on disk, never trigger a rebuild first.
 rule verify:
-    input:
-        expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
     shell:
         "{PYTHON} -m envab.verify {RECEIPTS}"

@@ -30,15 +30,25 @@ def _ignore(_dir, names):
     return {n for n in names if n in ("__pycache__", ".snakemake")}
 
 
-@pytest.fixture
-def workflow(tmp_path) -> Workflow:
+def copy_workflow(dest: Path) -> Path:
     for name in WORKFLOW_PATHS:
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, tmp_path / name, ignore=_ignore)
+            shutil.copytree(src, dest / name, ignore=_ignore)
         elif src.exists():
-            shutil.copy2(src, tmp_path / name)
-    return Workflow(tmp_path)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def make_workflow():
+    """A Workflow in `dest`: a fresh copy of the repository's, or (copy=False) one already there."""
+    return lambda dest, copy=True: Workflow(copy_workflow(dest) if copy else dest)
+
+
+@pytest.fixture
+def workflow(tmp_path, make_workflow) -> Workflow:
+    return make_workflow(tmp_path)
 
 
 class Workflow:

@@ -4,12 +4,16 @@ commit and fail clearly offline."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
@@ -46,7 +50,9 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     outs = [root / "a", root / "b"]
     procs = [
-        run_cli("build", "--source", "builtin:tiny-qwen3-vl", "--tasks", str(tasks), "--out", str(o))
+        run_cli(
+            "build", "--source", "builtin:tiny-qwen3-vl", "--tasks", str(tasks), "--out", str(o)
+        )
         for o in outs
     ]
     for p in procs:
@@ -108,8 +114,10 @@ def test_parameter_count_is_tiny(loaded):
 def test_chat_template_is_trls_file_byte_for_byte(built, loaded):
     from trl.chat_template_utils import (
         add_response_schema,
+        get_training_chat_template,
         is_chat_template_prefix_preserving,
         qwen3_vl_chat_template,
+        qwen3_vl_training_chat_template,
         supports_tool_calling,
     )
 
@@ -121,6 +129,8 @@ def test_chat_template_is_trls_file_byte_for_byte(built, loaded):
     add_response_schema(processor)
     assert supports_tool_calling(processor)
     assert is_chat_template_prefix_preserving(processor)
+    # ... and maps it to its training variant (assistant-only loss masks) for SFT.
+    assert get_training_chat_template(processor) == qwen3_vl_training_chat_template
     call = '<tool_call>\n{"name": "click", "arguments": {"x": 12, "y": 40}}\n</tool_call><|im_end|>'
     parsed = processor.tokenizer.parse_response(call, prefix="")
     assert parsed["tool_calls"][0]["function"] == {"name": "click", "arguments": {"x": 12, "y": 40}}
@@ -129,7 +139,9 @@ def test_chat_template_is_trls_file_byte_for_byte(built, loaded):
 def test_token_ids_agree_between_tokenizer_and_config(loaded):
     model, processor = loaded
     tok, cfg = processor.tokenizer, model.config
-    assert cfg.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>") == processor.image_token_id
+    assert (
+        cfg.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>") == processor.image_token_id
+    )
     assert cfg.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
     assert cfg.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
     assert cfg.vision_end_token_id == tok.convert_tokens_to_ids("<|vision_end|>")
@@ -137,7 +149,9 @@ def test_token_ids_agree_between_tokenizer_and_config(loaded):
     assert cfg.text_config.vocab_size == len(tok)
     # Tool-call markers are not special: a decoded completion keeps them for the parser.
     ids = tok.encode('<tool_call>\n{"name": "done"}\n</tool_call><|im_end|>')
-    assert tok.decode(ids, skip_special_tokens=True) == '<tool_call>\n{"name": "done"}\n</tool_call>'
+    assert (
+        tok.decode(ids, skip_special_tokens=True) == '<tool_call>\n{"name": "done"}\n</tool_call>'
+    )
     # Instructions round-trip, and the BPE learned merges from them (fewer tokens than bytes).
     text = TASKS[0]["instruction"]
     assert tok.decode(tok.encode(text)) == text
@@ -327,6 +341,132 @@ def test_offline_pin_is_refused(tmp_path):
     ]
 
 
+# --- a hub over real HTTP ------------------------------------------------------------------------
+# A local server speaking the few hub routes that `pin` and `snapshot_download` use (revision
+# info, recursive tree, resolve), serving the tiny model as `envab/tiny` at one commit with
+# model.safetensors stored as LFS. It exercises the real huggingface_hub client end to end.
+
+HUB_REPO = "envab/tiny"
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_hub_handler(files: dict[str, bytes], lfs: set[str]):
+    def git_blob_id(data: bytes) -> str:
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+    def etag(path: str) -> str:
+        data = files[path]
+        return hashlib.sha256(data).hexdigest() if path in lfs else git_blob_id(data)
+
+    class Hub(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code: int, body: bytes = b"", headers: dict | None = None):
+            self.send_response(code)
+            for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def not_found(self, code: str):
+            self.reply(404, b'{"error": "not found"}', {"X-Error-Code": code})
+
+        def do_HEAD(self):
+            self.do_GET()
+
+        def do_GET(self):
+            parts = unquote(urlparse(self.path).path).strip("/").split("/")
+            api = parts[:2] == ["api", "models"]
+            repo = "/".join(parts[2:4] if api else parts[0:2])
+            if repo != HUB_REPO:
+                return self.not_found("RepoNotFound")
+            route, rev, rest = (
+                (parts[4], parts[5], parts[6:]) if api else (parts[2], parts[3], parts[4:])
+            )
+            if rev not in ("main", HUB_COMMIT):
+                return self.not_found("RevisionNotFound")
+            if route == "revision":
+                info = {
+                    "id": HUB_REPO,
+                    "sha": HUB_COMMIT,
+                    "siblings": [{"rfilename": f} for f in files],
+                }
+                return self.reply(200, json.dumps(info).encode())
+            if route == "tree":
+                tree = [
+                    {"type": "file", "path": f, "size": len(d), "oid": git_blob_id(d)}
+                    | (
+                        {"lfs": {"oid": etag(f), "size": len(d), "pointerSize": 130}}
+                        if f in lfs
+                        else {}
+                    )
+                    for f, d in sorted(files.items())
+                ]
+                return self.reply(200, json.dumps(tree).encode())
+            path = "/".join(rest)
+            if route != "resolve" or path not in files:
+                return self.not_found("EntryNotFound")
+            headers = {"X-Repo-Commit": HUB_COMMIT, "ETag": f'"{etag(path)}"'}
+            return self.reply(200, files[path], headers)
+
+    return Hub
+
+
+@pytest.fixture(scope="module")
+def hub(built):
+    files = {p: (built[0] / p).read_bytes() for p in pin.model_manifest(built[0])}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_hub_handler(files, {"model.safetensors"}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_pin_resolves_a_branch_to_the_commit_and_the_manifest(hub, built):
+    proc = run_cli("pin", f"hf://{HUB_REPO}", "--json", env={"HF_ENDPOINT": hub})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    pinned = json.loads(out)
+    assert pinned["source"] == f"hf://{HUB_REPO}@{HUB_COMMIT}"
+    assert pinned["manifest"] == pin.model_manifest(built[0])
+
+
+def test_fetch_checks_then_loads_and_works_offline_once_on_disk(hub, built, tmp_path):
+    manifest_file = tmp_path / "manifest.json"
+    manifest_file.write_text(json.dumps({"manifest": pin.model_manifest(built[0])}))
+    out = tmp_path / "fetched"
+    source = f"hf://{HUB_REPO}@{HUB_COMMIT}"
+    args = ("build", "--source", source, "--out", str(out), "--manifest", str(manifest_file))
+    env = {"HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf-home")}
+    online = run_cli(*args, env=env)
+    _, err = online.communicate(timeout=120)
+    assert online.returncode == 0, err
+    assert (out / ".cache" / "huggingface").is_dir()  # the hub's bookkeeping, ignored by rule
+
+    offline = run_cli(*args, env={**env, "HF_HUB_OFFLINE": "1"})
+    text, err = offline.communicate(timeout=120)
+    assert offline.returncode == 0, err
+    assert text.startswith(f"{source} -> ")
+
+    model, processor = pin.load(out, expected=pin.model_manifest(built[0]))
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
+
+
+def test_unknown_commit_on_the_hub_is_named(hub, tmp_path):
+    source = f"hf://{HUB_REPO}@{'f' * 40}"
+    proc = run_cli(
+        "build", "--source", source, "--out", str(tmp_path / "m"), env={"HF_ENDPOINT": hub}
+    )
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert (
+        err.strip().splitlines()[-1] == f"error: model source {source}: the hub has no such commit"
+    )
+
+
 # --- inputs --------------------------------------------------------------------------------------
 
 
@@ -341,7 +481,9 @@ def test_instructions_are_a_sorted_set(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     rows = [TASKS[2], TASKS[0], TASKS[2]]
     tasks.write_text("".join(json.dumps(t) + "\n" for t in rows))
-    assert pin.read_instructions(tasks) == sorted({TASKS[0]["instruction"], TASKS[2]["instruction"]})
+    assert pin.read_instructions(tasks) == sorted(
+        {TASKS[0]["instruction"], TASKS[2]["instruction"]}
+    )
 
 
 def test_spec_refuses_unknown_and_inconsistent_values():

@@ -116,6 +116,7 @@ class DrumsBackend(Backend):
         retries: int = 3,
         backoff_s: float = 0.2,
         max_connections: int = 64,
+        transport: httpx.BaseTransport | None = None,
     ):
         self.url = url.rstrip("/")
         self.step_timeout_s = step_timeout_s
@@ -123,7 +124,7 @@ class DrumsBackend(Backend):
         self.retries = retries
         self.backoff_s = backoff_s
         # Nagle's algorithm plus delayed ACKs would add ~40 ms to every small POST.
-        transport = httpx.HTTPTransport(
+        transport = transport or httpx.HTTPTransport(
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=max_connections),

@@ -39,7 +39,17 @@ Fault injection (only with --allow-faults), in the create request's `faults` obj
 `verifier_unavailable` (booleans).
 """
 
-from envs.host.embedded import serve_embedded
-from envs.host.pool import Faults, HostConfig, Pool
-
 __all__ = ["Faults", "HostConfig", "Pool", "serve_embedded"]
+
+
+def __getattr__(name: str):
+    # Lazy, so a worker process (which imports envs.host.worker) never loads httpx or FastAPI.
+    if name == "serve_embedded":
+        from envs.host.embedded import serve_embedded
+
+        return serve_embedded
+    if name in ("Faults", "HostConfig", "Pool"):
+        from envs.host import pool
+
+        return getattr(pool, name)
+    raise AttributeError(f"module 'envs.host' has no attribute {name!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 import uvicorn
@@ -46,10 +47,15 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(config, read_token(args.token_file))
     if args.allow_faults:
         logging.getLogger("envs.host").warning("fault injection is ON")
-    where = {"fd": args.fd} if args.fd is not None else {"host": args.bind, "port": args.port}
-    uvicorn.run(app, log_level="info", access_log=args.access_log,
-                timeout_graceful_shutdown=5,
-                timeout_keep_alive=120, **where)  # a policy may think for a while
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.bind, port=args.port or 0, log_level="info", access_log=args.access_log,
+        timeout_graceful_shutdown=5, timeout_keep_alive=120))  # a policy may think a while
+    if args.fd is None:
+        server.run()
+    else:
+        # uvicorn's own --fd takes every socket for AF_UNIX, so asyncio would leave Nagle on
+        # and each response would wait ~40 ms for a delayed ACK; hand it the real TCP socket.
+        server.run(sockets=[socket.socket(fileno=args.fd)])
 
 
 if __name__ == "__main__":

@@ -35,9 +35,12 @@ def task_rng(seed: int, family: str, index: int) -> random.Random:
 
 def make_task(seed: int, family: str, index: int, width: int = 128, height: int = 128):
     """(task, solution) for one (seed, family, index)."""
-    spec = FAMILIES[family](task_rng(seed, family, index), width, height)
-    desktop = Desktop(width, height)
-    desktop.setup(spec.config)
+    try:
+        spec = FAMILIES[family](task_rng(seed, family, index), width, height)
+        desktop = Desktop(width, height)
+        desktop.setup(spec.config)
+    except ValueError as e:
+        raise ValueError(f"{family} task {index} on a {width}x{height} screen: {e}") from None
     initial = desktop.state()
     task_id = f"{family}-s{seed}-{index:03d}"
     task = {

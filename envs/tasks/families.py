@@ -49,8 +49,17 @@ def scroll(xy: tuple[int, int], dy: int) -> dict:
 
 
 def _spec(sc: Scene, instruction: str, expect: dict, oracle: list[dict], near: dict,
-          order: list[str] | None = None) -> Spec:
-    """Resolve the scene's widget keys into ids once the config (and its id order) is fixed."""
+          order: list[str] | None = None, final_tab: str | None = None) -> Spec:
+    """Resolve the scene's widget keys into ids once the config (and its id order) is fixed.
+
+    Every task also gets a scope probe: the oracle, then a click on a widget the task may not
+    change (a button or check box, where one click always changes the value, on the tab the
+    oracle ends on). Only the scope check can tell it from success.
+    """
+    final_tab = final_tab or sc.tabs[0]
+    bystanders = [k for k, w in sc.widgets.items() if w["tab"] == final_tab and k not in expect
+                  and w["kind"] in ("button", "checkbox")]
+    near = {**near, "scope_probe": [*oracle, click(sc.at(sc.rng.choice(bystanders)))]}
     config = sc.finish()
     options = {"expect": {sc.ids[k]: v for k, v in expect.items()}}
     if order:
@@ -168,6 +177,7 @@ def switch_tab(r: random.Random, width: int, height: int) -> Spec:
             "wrong_widget": [go, click(sc.at(other))],
             "tab_only": [go],
         },
+        final_tab=goal_tab,
     )
 
 

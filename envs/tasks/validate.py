@@ -6,16 +6,20 @@ For every task it plays, each in a fresh session, the no-op (no action), the ora
 near miss, and accepts the task only when the oracle scores 1 and all the others score 0, every
 play valid. Exits non-zero naming the rejected tasks. It needs only `create(task) -> session`
 with `session.step(action)`, `session.verify()["score"|"valid"|"verdict"]` and
-`session.close()`, so an HTTP client with those methods validates over a live host; the CLI
-uses the in-process backend (`envs.tasks.local`).
+`session.close()`, so it runs on the in-process backend (`envs.tasks.local`, the default), on
+the embedded host over HTTP (`--embedded fork|restore`) or on any Drums host (`--url`, token
+from DRUMS_TOKEN_FILE or DRUMS_TOKEN) through the Drums client.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import secrets
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -93,13 +97,41 @@ def validate(create: Callable, tasks: Iterable[Mapping],
     return results
 
 
+@contextlib.contextmanager
+def open_backend(url: str | None, embedded: str | None) -> Iterator[object]:
+    """The backend the CLI validates on: in-process, the embedded host, or a Drums host."""
+    if url is None and embedded is None:
+        from envs.tasks.local import LocalBackend
+
+        yield LocalBackend()
+        return
+    from envs.drums.client import DrumsBackend
+
+    if url is not None:
+        with DrumsBackend(url) as backend:
+            yield backend
+        return
+    from envs.host.embedded import serve_embedded
+
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(secrets.token_hex(16))
+        with serve_embedded(embedded, token_file) as host_url, \
+                DrumsBackend(host_url, token_file=token_file) as backend:
+            yield backend
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m envs.tasks.validate", description="Validate tasks.")
     p.add_argument("--tasks", type=Path, required=True)
     p.add_argument("--solutions", type=Path, required=True)
     p.add_argument("--report", type=Path, help="write every play's score and verdict as JSON")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--url", help="validate on this Drums host (default: in-process)")
+    where.add_argument("--embedded", choices=("fork", "restore"),
+                       help="start the embedded host in this mode and validate over HTTP")
     args = p.parse_args(argv)
-    from envs.tasks.local import LocalBackend
 
     t0 = time.perf_counter()
     try:
@@ -107,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read the task set: {e}", file=sys.stderr)
         return 2
-    results = validate(LocalBackend().create, tasks, solutions)
+    with open_backend(args.url, args.embedded) as backend:
+        results = validate(backend.create, tasks, solutions)
     rejected = [r for r in results if not r.accepted]
     plays = sum(len(r.plays) for r in results)
     if args.report:

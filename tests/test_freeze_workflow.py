@@ -1,0 +1,120 @@
+"""The freeze stage run for real by Snakemake on the embedded default, then tampered with."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from envab.receipts import read_receipt
+
+EXP = "embedded-default-v1"
+RECEIPTS = Path("receipts") / EXP
+RESULTS = Path("results") / EXP
+
+
+@pytest.fixture(scope="module")
+def frozen_once(tmp_path_factory, make_workflow) -> Path:
+    """One real freeze of a copy of the workflow; tests work on copies of the result."""
+    workflow = make_workflow(tmp_path_factory.mktemp("frozen"))
+    result = workflow.snakemake(timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workflow.root
+
+
+@pytest.fixture
+def frozen(frozen_once, tmp_path, make_workflow):
+    root = tmp_path / "wf"
+    shutil.copytree(frozen_once, root, symlinks=True)
+    for path in root.rglob("*"):  # receipts are write-protected; the tests tamper with them
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return make_workflow(root, copy=False)
+
+
+def verify(workflow):
+    result = workflow.python("-m", "envab.verify", str(RECEIPTS))
+    failed = [line for line in result.stdout.splitlines() if not line.startswith(("ok", "verify:"))]
+    return result.returncode, failed
+
+
+def test_freeze_writes_every_receipt_and_verify_passes(frozen):
+    for name in ("preregistration.json", "split.json", "code.json", "model.json"):
+        assert (frozen.root / RECEIPTS / name).is_file(), name
+    for arm in ("restore", "drums"):
+        pins = json.loads((frozen.root / RESULTS / arm / "seed1" / "pins.json").read_text())
+        assert pins["arm"] == arm
+    restore, drums = (
+        json.loads((frozen.root / RESULTS / arm / "seed1" / "pins.json").read_text())
+        for arm in ("restore", "drums")
+    )
+    assert restore["comparable_sha256"] == drums["comparable_sha256"]
+    code, failed = verify(frozen)
+    assert (code, failed) == (0, [])
+    result = frozen.snakemake("verify")
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_receipts_record_what_was_frozen(frozen):
+    prereg = read_receipt(frozen.root / RECEIPTS / "preregistration.json")
+    assert prereg["subject"][0]["name"] == "preregistration/target.yaml"
+    split = read_receipt(frozen.root / RECEIPTS / "split.json")["predicate"]
+    train = {t["id"] for t in split["train"]}
+    heldout = {t["id"] for t in split["heldout"]}
+    assert train and heldout and not train & heldout
+    assert set(split["per_family"]["heldout"]) == set(split["per_family"]["train"])
+    model = read_receipt(frozen.root / RECEIPTS / "model.json")
+    assert {s["name"].rsplit("/", 1)[-1] for s in model["subject"]} >= {
+        "config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
+    }
+    code = read_receipt(frozen.root / RECEIPTS / "code.json")["predicate"]
+    assert {"trainer", "reward", "envs"} <= set(code["groups"])
+    for receipt in ("split.json", "code.json", "model.json"):
+        depends = read_receipt(frozen.root / RECEIPTS / receipt)["predicate"]["depends_on"]
+        assert [d["name"] for d in depends] == [(RECEIPTS / "preregistration.json").as_posix()]
+
+
+def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
+    receipt = frozen.root / RECEIPTS / "preregistration.json"
+    before = receipt.read_bytes()
+    frozen.edit_target(lambda t: t["target"].update(threshold=0.4))
+    result = frozen.snakemake()
+    assert result.returncode != 0
+    assert "was edited after experiment 'embedded-default-v1' was frozen" in result.stderr
+    assert "new experiment_id" in result.stderr
+    assert receipt.read_bytes() == before
+    # A stage run outside Snakemake checks the frozen digest too.
+    result = frozen.python(
+        "-m", "envab.freeze", "code", "--target", "preregistration/target.yaml",
+        "--groups", '{"trainer": ["trainer/*.py"]}',
+    )
+    assert result.returncode == 2 and "was edited after" in result.stderr
+
+
+def test_a_new_experiment_id_registers_afresh(frozen):
+    frozen.edit_target(lambda t: t.update(experiment_id="embedded-default-v2"))
+    result = frozen.snakemake("--until", "freeze_target")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (frozen.root / "receipts" / "embedded-default-v2" / "preregistration.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        RESULTS / "model" / "model.safetensors",
+        RESULTS / "tasks" / "heldout.jsonl",
+        RECEIPTS / "split.json",
+        RECEIPTS / "preregistration.json",
+    ],
+)
+def test_one_flipped_byte_fails_verify_and_names_the_file(frozen, path):
+    target = frozen.root / path
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    code, failed = verify(frozen)
+    assert code == 1
+    assert failed and all(line.split()[0] in ("MISMATCH", "MALFORMED") for line in failed)
+    assert any(line.split()[1] == path.as_posix() for line in failed), failed

@@ -1,0 +1,266 @@
+"""The embedded host over real HTTP on loopback: protocol, gates, faults, fork, token handling."""
+
+from __future__ import annotations
+
+import base64
+import io
+import secrets
+
+import httpx
+import pytest
+from PIL import Image
+
+from envs.host import serve_embedded
+from envs.tasks.build import build
+
+STEP_TIMEOUT_S = 1.0  # short, so the stall fault costs about a second
+
+
+@pytest.fixture(scope="module")
+def taskset():
+    tasks, solutions = build(seed=1, per_family=1)
+    return {t["id"]: t for t in tasks}, {s["id"]: s for s in solutions}
+
+
+@pytest.fixture(scope="module")
+def token(tmp_path_factory):
+    value = "tok-" + secrets.token_hex(16)
+    path = tmp_path_factory.mktemp("secret") / "token"
+    path.write_text(value + "\n")
+    return value, path
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def fork_host(token, logs):
+    _, path = token
+    with serve_embedded("fork", path, allow_faults=True, step_timeout_s=STEP_TIMEOUT_S,
+                        log_path=logs / "fork.log", extra_args=["--access-log"]) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def restore_host(token, logs):
+    _, path = token
+    with serve_embedded("restore", path, log_path=logs / "restore.log",
+                        extra_args=["--access-log"]) as url:
+        yield url
+
+
+def api(url: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+@pytest.fixture
+def fork_api(fork_host, token):
+    with api(fork_host, token[0]) as client:
+        yield client
+
+
+@pytest.fixture
+def restore_api(restore_host, token):
+    with api(restore_host, token[0]) as client:
+        yield client
+
+
+def create(client, task, faults=None) -> dict:
+    body = {"task": task} | ({"faults": faults} if faults else {})
+    r = client.post("/v1/envs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def step(client, env: dict, action: dict, generation: int | None = None) -> dict:
+    gen = env["generation"] if generation is None else generation
+    r = client.post(f"/v1/envs/{env['env_id']}/step", json={"action": action, "generation": gen})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def play(client, env: dict, actions: list[dict]) -> dict:
+    for action in actions:
+        env = step(client, env, action)
+    return env
+
+
+def verify(client, env: dict) -> dict:
+    r = client.post(f"/v1/envs/{env['env_id']}/verify")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def screenshot(body: dict) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(body["screenshot_png"])))
+
+
+CLICK_CORNER = {"action_type": "CLICK", "parameters": {"x": 1, "y": 1}}
+
+
+# --- the protocol ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["fork", "restore"])
+def test_create_step_verify_separates_oracle_from_noop(mode, fork_api, restore_api, taskset):
+    client = fork_api if mode == "fork" else restore_api
+    tasks, solutions = taskset
+    task_id = "form_two-s1-000"
+    task = tasks[task_id]
+    env = create(client, task)
+    assert env["valid"] and env["generation"] == 0
+    assert env["state_sha256"] == task["evaluator"]["initial_state_sha256"]
+    assert screenshot(env).size == (128, 128)
+
+    noop = create(client, task)
+    v = verify(client, noop)
+    assert (v["valid"], v["score"], v["verdict"]) == (True, 0.0, "valid")
+
+    oracle = solutions[task_id]["oracle"]
+    end = play(client, env, oracle)
+    assert end["valid"] and end["generation"] == len(oracle)
+    assert end["state_sha256"] != env["state_sha256"]
+    v = verify(client, end)
+    assert (v["valid"], v["score"], v["failed_gates"]) == (True, 1.0, [])
+    assert v["audit"]["trusted"] is True and v["audit"]["steps"] == len(oracle)
+    for e in (env, noop):
+        assert client.delete(f"/v1/envs/{e['env_id']}").json()["closed"] is True
+    assert client.delete(f"/v1/envs/{env['env_id']}").json()["closed"] is False  # twice: harmless
+
+
+def test_fork_into_8_children_in_the_parents_exact_state(fork_api, taskset):
+    tasks, solutions = taskset
+    task_id = "sequence3-s1-000"
+    oracle = solutions[task_id]["oracle"]
+    assert len(oracle) >= 2
+    parent = play(fork_api, create(fork_api, tasks[task_id]), oracle[:1])
+
+    r = fork_api.post(f"/v1/envs/{parent['env_id']}/fork", json={"n": 8})
+    assert r.status_code == 200, r.text
+    children = r.json()["children"]
+    assert len(children) == 8 and len({c["env_id"] for c in children}) == 8
+    for c in children:
+        assert c["valid"], c
+        assert c["state_sha256"] == parent["state_sha256"]
+        assert c["generation"] == parent["generation"]
+
+    # Children are independent copies: half finish the task, half do something else.
+    for i, c in enumerate(children):
+        end = play(fork_api, c, oracle[1:] if i % 2 == 0 else [CLICK_CORNER])
+        assert verify(fork_api, end)["score"] == (1.0 if i % 2 == 0 else 0.0)
+    v = verify(fork_api, parent)  # the parent was not touched by its children
+    assert v["valid"] and v["audit"]["state_sha256"] == parent["state_sha256"]
+
+
+def test_restore_host_cannot_fork(restore_api, taskset):
+    env = create(restore_api, next(iter(taskset[0].values())))
+    r = restore_api.post(f"/v1/envs/{env['env_id']}/fork", json={"n": 2})
+    assert r.status_code == 501 and "restore mode" in r.json()["error"]
+
+
+def test_stale_generation_is_invalid_and_quarantines(fork_api, taskset):
+    tasks, solutions = taskset
+    task_id = "click_button-s1-000"
+    env = step(fork_api, create(fork_api, tasks[task_id]), CLICK_CORNER)
+    assert env["generation"] == 1
+    stale = step(fork_api, env, solutions[task_id]["oracle"][0], generation=0)
+    assert (stale["valid"], stale["verdict"], stale["failed_gates"]) == (
+        False, "stale_generation", ["generation"])
+    assert stale["screenshot_png"] is None
+    again = step(fork_api, env, CLICK_CORNER, generation=1)  # quarantined: nothing runs
+    assert again["verdict"] == "stale_generation" and again["generation"] == 1
+    v = verify(fork_api, env)
+    assert (v["valid"], v["score"], v["verdict"]) == (False, None, "stale_generation")
+
+
+@pytest.mark.parametrize(
+    ("faults", "verdict", "gate", "at_create"),
+    [
+        ({"corrupt_restore": True}, "state_mismatch", "state_hash", True),
+        ({"kill_at_step": 1}, "env_failure", "worker_alive", False),
+        ({"stall_at_step": 1}, "timeout", "step_timeout", False),
+        ({"blank_at_step": 1}, "blank_screen", "screen_not_blank", False),
+        ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available", None),
+    ],
+)
+def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdict, gate,
+                                               at_create):
+    tasks, solutions = taskset
+    task_id = "click_button-s1-000"
+    env = create(fork_api, tasks[task_id], faults)
+    if at_create:
+        assert (env["valid"], env["verdict"], env["failed_gates"]) == (False, verdict, [gate])
+    else:
+        assert env["valid"]
+        env = step(fork_api, env, solutions[task_id]["oracle"][0])
+        if at_create is False:
+            assert (env["valid"], env["verdict"], env["failed_gates"]) == (False, verdict, [gate])
+            r = fork_api.post(f"/v1/envs/{env['env_id']}/fork", json={"n": 2})
+            assert r.status_code == 409  # a quarantined environment is never copied
+    v = verify(fork_api, env)
+    # The oracle ran (or would have), yet no score: an invalid episode is never a 0 or a 1.
+    assert (v["valid"], v["score"], v["verdict"], v["failed_gates"]) == (
+        False, None, verdict, [gate])
+    assert v["audit"]["trusted"] is False
+
+
+def test_checker_that_cannot_run_is_verifier_unavailable(fork_api, taskset):
+    task = dict(next(iter(taskset[0].values())))
+    task["evaluator"] = {**task["evaluator"], "func": "no_such_checker"}
+    v = verify(fork_api, create(fork_api, task))
+    assert (v["valid"], v["score"], v["verdict"]) == (False, None, "verifier_unavailable")
+    assert "checker_crash" in v["audit"]["flags"]
+
+
+def test_bad_requests_get_one_clear_line(fork_api, restore_api, taskset):
+    task = dict(next(iter(taskset[0].values())))
+    del task["evaluator"]
+    r = fork_api.post("/v1/envs", json={"task": task})
+    assert r.status_code == 400 and "evaluator" in r.json()["error"]
+    env = create(fork_api, next(iter(taskset[0].values())))
+    r = fork_api.post(f"/v1/envs/{env['env_id']}/step",
+                      json={"action": {"action_type": "JUMP"}, "generation": 0})
+    assert r.status_code == 400 and "JUMP" in r.json()["error"]
+    r = fork_api.post(f"/v1/envs/{env['env_id']}/step",
+                      json={"action": {"action_type": "CLICK", "parameters": {"x": 999, "y": 1}},
+                            "generation": 0})
+    assert r.status_code == 422 and "outside" in r.json()["error"]  # the desktop refused it
+    assert step(fork_api, env, CLICK_CORNER)["valid"]  # and the environment lives on
+    assert fork_api.post("/v1/envs/nope/verify").status_code == 404
+    # Fault switches are refused by a host started without --allow-faults.
+    r = restore_api.post("/v1/envs", json={"task": next(iter(taskset[0].values())),
+                                           "faults": {"kill_at_step": 1}})
+    assert r.status_code == 403
+
+
+# --- the token ---------------------------------------------------------------------------------
+
+
+def test_every_route_refuses_a_request_without_the_token(fork_host, token, taskset):
+    task = next(iter(taskset[0].values()))
+    calls = [("GET", "/v1/health", None), ("POST", "/v1/envs", {"task": task}),
+             ("POST", "/v1/envs/x/step", {"action": CLICK_CORNER, "generation": 0}),
+             ("POST", "/v1/envs/x/fork", {"n": 1}), ("POST", "/v1/envs/x/verify", None),
+             ("DELETE", "/v1/envs/x", None), ("GET", "/docs", None)]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token[0]}):
+        with httpx.Client(base_url=fork_host, headers=headers) as client:
+            for method, path, body in calls:
+                r = client.request(method, path, json=body)
+                assert r.status_code == 401, (method, path, headers)
+    with api(fork_host, token[0]) as client:
+        before = client.get("/v1/health").json()["environments"]
+    with httpx.Client(base_url=fork_host) as client:
+        client.post("/v1/envs", json={"task": task})
+    with api(fork_host, token[0]) as client:  # the refused create made nothing
+        assert client.get("/v1/health").json()["environments"] == before
+
+
+def test_the_token_appears_in_no_log(fork_host, restore_host, token, logs):
+    # Runs last in this module: the logs hold every request made above (access log is on).
+    texts = {p.name: p.read_text() for p in logs.iterdir()}
+    assert set(texts) == {"fork.log", "restore.log"}
+    assert "POST /v1/envs" in texts["fork.log"] and "quarantined" in texts["fork.log"]
+    for name, text in texts.items():
+        assert token[0] not in text, name

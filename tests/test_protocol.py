@@ -1,0 +1,83 @@
+"""The session protocol's types: verdicts, gates, actions, and the never-score-0 rule."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from envs.protocol import (
+    GATE_VERDICT,
+    Gate,
+    Observation,
+    Verdict,
+    Verification,
+    check_action,
+    is_blank,
+    verdict_for,
+)
+
+
+def test_every_gate_maps_to_an_invalid_verdict():
+    assert set(GATE_VERDICT) == set(Gate)
+    assert Verdict.VALID not in GATE_VERDICT.values()
+    assert verdict_for([]) == Verdict.VALID
+    assert verdict_for(["step_timeout", "worker_alive"]) == Verdict.TIMEOUT  # first one decides
+    with pytest.raises(ValueError):
+        verdict_for(["no_such_gate"])
+
+
+def test_an_invalid_verification_never_carries_a_score():
+    v = Verification.invalid([Gate.STATE_HASH], env_id="e1")
+    assert (v.valid, v.score, v.reward, v.verdict) == (False, None, None, "state_mismatch")
+    with pytest.raises(ValueError, match="no score"):
+        Verification(0.0, False, "env_failure", ("worker_alive",))
+    with pytest.raises(ValueError, match="contradicts"):
+        Verification(1.0, True, "timeout")
+    with pytest.raises(ValueError, match="0.0 or 1.0"):
+        Verification(0.5, True, "valid")
+
+
+def test_verification_reads_like_the_wire_object():
+    v = Verification(1.0, True, "valid", (), {"trusted": True})
+    assert v["score"] == 1.0 and v["valid"] is True and v["failed_gates"] == []
+    assert dict(v) == v.to_dict() and "verdict" in v and "nope" not in v
+    assert Verification.from_dict(v.to_dict()) == v
+    bad = Verification.from_dict({"score": None, "valid": False, "verdict": "blank_screen",
+                                  "failed_gates": ["screen_not_blank"]})
+    assert bad.reward is None and bad.failed_gates == ("screen_not_blank",)
+
+
+def test_observation_validity_follows_its_verdict():
+    Observation(3, None, False, "timeout", ("step_timeout",))
+    with pytest.raises(ValueError):
+        Observation(3, None, True, "timeout")
+
+
+@pytest.mark.parametrize(
+    ("action", "error"),
+    [
+        ("CLICK", "must be an object"),
+        ({"action_type": "JUMP"}, "JUMP"),
+        ({"action_type": "CLICK", "parameters": {"x": 1}}, "'y'"),
+        ({"action_type": "CLICK", "parameters": {"x": True, "y": 1}}, "'x'"),
+        ({"action_type": "TYPING", "parameters": {"text": 5}}, "'text'"),
+        ({"action_type": "PRESS", "parameters": []}, "parameters must be an object"),
+    ],
+)
+def test_malformed_actions_are_named(action, error):
+    with pytest.raises(ValueError, match=error):
+        check_action(action)
+
+
+def test_well_formed_actions_pass_through():
+    scroll = {"action_type": "SCROLL", "parameters": {"dx": 0, "dy": -2, "x": 5, "y": 6}}
+    assert check_action(scroll) == scroll
+    assert check_action({"action_type": "DONE"}) == {"action_type": "DONE", "parameters": {}}
+
+
+def test_blank_means_a_single_colour():
+    assert is_blank(Image.new("RGB", (8, 8), (0, 0, 0)))
+    assert is_blank(Image.new("L", (8, 8), 255))
+    img = Image.new("RGB", (8, 8))
+    img.putpixel((3, 3), (0, 0, 1))
+    assert not is_blank(img)
