@@ -138,7 +138,7 @@ def test_gate_failures_reach_the_caller_as_invalid_never_zero(fork_backend, task
             assert (obs.valid, obs.verdict, obs.failed_gates, obs.screenshot) == (
                 False, verdict, (gate,), None)
             assert session.step(CLICK_CORNER) is obs  # quarantined: no more steps
-            assert all(not c.valid and c.verdict == verdict for c in session.fork(3))
+            assert all(c.observation.verdict == verdict for c in session.fork(3))
         v = session.verify()
         assert (v.valid, v.score, v.reward, v.verdict, v.failed_gates) == (
             False, None, None, verdict, (gate,))

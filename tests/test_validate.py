@@ -144,3 +144,17 @@ def test_the_cli_exits_non_zero_naming_the_rejected_task(tmp_path):
     assert "7/8 tasks accepted" in done.stdout
     assert (tmp_path / "r.json").exists()
     assert list(read_jsonl(tmp_path / "solutions.jsonl")) == solutions
+
+
+def test_the_validator_runs_over_the_real_embedded_host():
+    from envs.tasks.validate import open_backend
+
+    tasks, solutions = build(seed=1, per_family=1)
+    tasks[0] = copy.deepcopy(tasks[0])
+    tasks[0]["evaluator"]["initial_state_sha256"] = "f" * 64  # a set-up that is not the task's
+    with open_backend(None, "fork") as backend:
+        assert type(backend).__name__ == "DrumsBackend"
+        results = validate(backend.create, tasks, solutions)
+    assert rejected(results) == [tasks[0]["id"]]
+    assert results[0].reasons[0] == "noop was invalid (state_mismatch)"
+    assert all(len(r.plays) >= 3 for r in results)
