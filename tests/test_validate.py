@@ -82,10 +82,12 @@ def test_checkers_raise_when_they_cannot_run_and_never_return_zero_for_it():
     d.setup(task["config"])
     state = d.state()
     assert check(task["evaluator"], state) == 0.0  # runs fine: not done yet
-    with pytest.raises(CheckerError, match="missing or malformed 'func'"):
+    with pytest.raises(CheckerError, match="unknown checker None"):
         check({k: v for k, v in task["evaluator"].items() if k != "func"}, state)
-    with pytest.raises(CheckerError, match="missing or malformed 'nope'"):
+    with pytest.raises(CheckerError, match="unknown checker 'nope'"):
         check({**task["evaluator"], "func": "nope"}, state)
+    with pytest.raises(CheckerError, match="missing or malformed 'scope'"):
+        check({k: v for k, v in task["evaluator"].items() if k != "scope"}, state)
     gone = copy.deepcopy(state)
     named = set(task["evaluator"]["options"]["expect"])
     gone["widgets"] = [w for w in gone["widgets"] if w["id"] not in named]

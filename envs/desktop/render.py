@@ -1,4 +1,4 @@
-"""Pillow rendering of a desktop state, and the blank-screen test a host gates on.
+"""Pillow rendering of a desktop state (the blank-screen test lives in envs.protocol).
 
 Text uses Pillow's built-in bitmap font (no FreeType, no anti-aliasing), so the same state gives
 the same pixels on every machine with this Pillow.
@@ -45,13 +45,6 @@ def render(s: DesktopState) -> Image.Image:
     if s.dialog is not None and s.dialog.open:
         _dialog(d, s)
     return img
-
-
-def is_blank(image: Image.Image) -> bool:
-    """True when every pixel has one colour (a black, white or never-drawn screen)."""
-    extrema = image.getextrema()
-    bands = extrema if isinstance(extrema[0], tuple) else (extrema,)
-    return all(lo == hi for lo, hi in bands)
 
 
 def _box(d: ImageDraw.ImageDraw, r: Rect, fill, outline=INK) -> None:

@@ -64,8 +64,11 @@ CHECKERS: dict[str, Checker] = {
 
 def check(evaluator: dict, state: dict) -> float:
     """1.0 when the task is done within its scope, else 0.0; raises CheckerError if it can't run."""
+    name = evaluator.get("func") if isinstance(evaluator, dict) else None
+    if name not in CHECKERS:
+        raise CheckerError(f"unknown checker {name!r} (known: {', '.join(CHECKERS)})")
+    func = CHECKERS[name]
     try:
-        func = CHECKERS[evaluator["func"]]
         scope = evaluator["scope"]
         vals = values(state)
         in_scope = func(evaluator["options"], state, vals)
