@@ -30,7 +30,9 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if successes == 0 else centre - half  # exact ends: no 1e-17 residue
+    high = 1.0 if successes == n else centre + half
+    return low, high
 
 
 @dataclass(frozen=True)
