@@ -96,7 +96,8 @@ def test_buttons_count_presses_and_keyboard_focus_cycles():
     d = desktop()
     d.apply(click(10, 35))
     d.apply({"action_type": "PRESS", "parameters": {"key": "enter"}})
-    assert values(d)["save"] == 2
+    d.apply({"action_type": "PRESS", "parameters": {"key": "Return"}})  # pyautogui's name
+    assert values(d)["save"] == 3
     d.apply({"action_type": "PRESS", "parameters": {"key": "tab"}})
     assert d.state()["focus"] == "red"
     d.apply({"action_type": "PRESS", "parameters": {"key": "space"}})

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from envs.drums import DrumsBackend, DrumsError, DrumsSession, read_token
+from envs.drums import EMBEDDED, DrumsBackend, DrumsError, DrumsSession, connect, read_token
 from envs.host import serve_embedded
 from envs.protocol import ForkUnsupported, Verification
 from envs.tasks.build import build
@@ -44,9 +44,9 @@ def fork_backend(token, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def restore_backend(token):
-    with serve_embedded("restore", token[1]) as url, \
-            DrumsBackend(url, token_file=token[1]) as backend:
+def restore_backend():
+    # How the pipeline opens an arm that says `url: embedded` (a fresh token of its own).
+    with connect(EMBEDDED, mode="restore") as backend:
         yield backend
 
 

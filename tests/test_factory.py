@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
 from envs.desktop import Desktop, screen_of
+from envs.protocol import is_blank
 from envs.tasks.build import build, make_task
 from envs.tasks.families import FAMILIES
 
@@ -70,6 +72,16 @@ def test_initial_state_hash_is_the_hash_of_the_set_up_desktop(default_set):
         d = Desktop(*screen_of(task["config"]))
         d.setup(task["config"])
         assert d.state_hash() == task["evaluator"]["initial_state_sha256"], task["id"]
+        assert not is_blank(d.screenshot()), task["id"]
+
+
+def test_check_fails_on_a_nondeterministic_build(tmp_path, monkeypatch, capsys):
+    from envs.tasks import build as build_module
+
+    monkeypatch.setattr(build_module, "task_rng", lambda *key: random.Random())  # OS entropy
+    assert build_module.main(["--per-family", "2", "--out", str(tmp_path), "--check"]) == 1
+    assert "build is not deterministic: tasks.jsonl differs" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
 def test_a_task_depends_on_seed_family_and_index_only():

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from envab.io import read_jsonl, write_jsonl
+from envs.desktop import Desktop
 from envs.tasks import checkers
 from envs.tasks.build import build, make_task
 from envs.tasks.checkers import CheckerError, check
 from envs.tasks.local import LocalBackend
-from envs.tasks.validate import validate
+from envs.tasks.validate import open_backend, validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,8 +77,6 @@ def test_a_checker_that_crashes_makes_plays_invalid_not_zero(default_set, monkey
 
 def test_checkers_raise_when_they_cannot_run_and_never_return_zero_for_it():
     task, _ = make_task(1, "sequence3", 0)
-    from envs.desktop import Desktop
-
     d = Desktop()
     d.setup(task["config"])
     state = d.state()
@@ -149,8 +148,6 @@ def test_the_cli_exits_non_zero_naming_the_rejected_task(tmp_path):
 
 
 def test_the_validator_runs_over_the_real_embedded_host():
-    from envs.tasks.validate import open_backend
-
     tasks, solutions = build(seed=1, per_family=1)
     tasks[0] = copy.deepcopy(tasks[0])
     tasks[0]["evaluator"]["initial_state_sha256"] = "f" * 64  # a set-up that is not the task's

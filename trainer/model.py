@@ -278,6 +278,8 @@ def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: s
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model_dir = Path(model_dir)
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise ModelPinError(f"load {model_dir}: unknown dtype {dtype!r} (e.g. float32, bfloat16)")
     if expected is not None:
         check_manifest(model_dir, expected)
     elif not model_dir.is_dir():

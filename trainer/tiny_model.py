@@ -63,7 +63,10 @@ class TinySpec:
     """Everything that decides the built files besides the task instructions."""
 
     seed: int = 0
-    bpe_vocab_size: int = 1024  # learned BPE vocabulary, before Qwen3-VL's added tokens
+    # Upper bound of the learned BPE vocabulary, before Qwen3-VL's added tokens. Prompt length
+    # hardly depends on it: Qwen2Tokenizer's pre-tokenizer (rebuilt on every load) already cuts
+    # text into words and punctuation runs, and merges never cross those cuts.
+    bpe_vocab_size: int = 1024
     text_hidden_size: int = 128
     text_layers: int = 2
     text_heads: int = 4

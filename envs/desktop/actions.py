@@ -10,6 +10,7 @@ import string
 from dataclasses import dataclass
 
 KEYS = ("enter", "tab", "backspace", "escape", "space", "up", "down")
+KEY_ALIASES = {"return": "enter", "esc": "escape", " ": "space"}  # pyautogui spellings
 TYPABLE = set(string.ascii_letters + string.digits + string.punctuation + " ")
 MAX_TYPING = 64
 
@@ -71,7 +72,7 @@ def parse_action(action: dict, width: int, height: int) -> Action:
     if kind == "PRESS":
         key = params.get("key")
         if isinstance(key, str):
-            key = key.lower()
+            key = KEY_ALIASES.get(key.lower(), key.lower())
         if key not in KEYS:
             raise ValueError(f"PRESS key must be one of {', '.join(KEYS)}, got {key!r}")
         return Action("PRESS", key=key)

@@ -5,5 +5,7 @@ drumsd. The wire format it speaks is the one documented in `envs.host`.
 """
 
 from envs.drums.client import ActionRejected, DrumsBackend, DrumsError, DrumsSession, read_token
+from envs.drums.connect import EMBEDDED, connect
 
-__all__ = ["ActionRejected", "DrumsBackend", "DrumsError", "DrumsSession", "read_token"]
+__all__ = ["EMBEDDED", "ActionRejected", "DrumsBackend", "DrumsError", "DrumsSession", "connect",
+           "read_token"]

@@ -39,15 +39,15 @@ Fault injection (only with --allow-faults), in the create request's `faults` obj
 `verifier_unavailable` (booleans).
 """
 
-__all__ = ["Faults", "HostConfig", "Pool", "serve_embedded"]
+__all__ = ["Faults", "HostConfig", "Pool", "serve_embedded", "write_token_file"]
 
 
 def __getattr__(name: str):
     # Lazy, so a worker process (which imports envs.host.worker) never loads httpx or FastAPI.
-    if name == "serve_embedded":
-        from envs.host.embedded import serve_embedded
+    if name in ("serve_embedded", "write_token_file"):
+        from envs.host import embedded
 
-        return serve_embedded
+        return getattr(embedded, name)
     if name in ("Faults", "HostConfig", "Pool"):
         from envs.host import pool
 

@@ -7,6 +7,7 @@ The listening socket is bound here and handed to the child, so there is no race 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +29,16 @@ def read_token(path: str | Path) -> str:
     if not token:
         raise SystemExit(f"token file {path} is empty")
     return token
+
+
+def write_token_file(path: str | Path) -> Path:
+    """A fresh random token in a file only its owner can read (for an embedded arm)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 @contextmanager

@@ -294,7 +294,7 @@ class Pool:
         t0 = time.perf_counter()
         with env.lock:
             png = None
-            if False:
+            if not env.quarantined and generation != env.generation:
                 self._quarantine(env, Gate.GENERATION)
             if not env.quarantined:
                 reply = self._call(env, ("step", action), self.config.step_timeout_s,

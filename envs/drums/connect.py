@@ -1,0 +1,34 @@
+"""Open the backend an arm names: a Drums host by URL, or the embedded host (`url: embedded`)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from envs.drums.client import DrumsBackend
+
+EMBEDDED = "embedded"
+
+
+@contextmanager
+def connect(url: str, *, mode: str | None = None, token_file: str | Path | None = None,
+            log_path: str | Path | None = None, **client) -> Iterator[DrumsBackend]:
+    """A DrumsBackend for `url`; for "embedded", start the host in `mode` for the block's length.
+
+    An embedded host without a token file gets a fresh random token for its lifetime. For a
+    real host the token comes from `token_file`, DRUMS_TOKEN_FILE or DRUMS_TOKEN.
+    """
+    with ExitStack() as stack:
+        if url == EMBEDDED:
+            from envs.host import serve_embedded, write_token_file
+
+            if mode is None:
+                raise ValueError("an embedded arm needs a mode (restore or fork)")
+            if token_file is None:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envab-token-"))
+                token_file = write_token_file(Path(tmp) / "token")
+            url = stack.enter_context(serve_embedded(mode, token_file, log_path=log_path))
+        backend = stack.enter_context(DrumsBackend(url, token_file=token_file, **client))
+        yield backend
