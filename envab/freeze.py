@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", required=True)
     p.add_argument("--source", required=True)
     p.add_argument("--spec", default="{}", help="JSON: builder settings of the builtin model")
-    p.add_argument("--tasks", required=True, help="tasks.jsonl (the tiny tokenizer's corpus)")
+    p.add_argument("--tasks", required=True, help="train.jsonl: the tiny tokenizer's corpus")
     p.add_argument("--manifest", required=True, help="JSON: relative path -> sha256")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_model)

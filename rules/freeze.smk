@@ -29,8 +29,12 @@ if "factory" in config["tasks"]:
         log:
             f"{LOGS}/tasks.log",
         shell:
-            "{PYTHON} -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
-            " --out {params.out} > {log} 2>&1"
+            # --check builds twice and fails on any byte difference; the validator then plays
+            # no-op, oracle and near misses and accepts the set only if the checkers separate them.
+            "({PYTHON} -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
+            " --out {params.out} --check"
+            " && {PYTHON} -m envs.tasks.validate --tasks {output.tasks}"
+            " --solutions {output.solutions}) > {log} 2>&1"
 
 else:
 
@@ -84,7 +88,7 @@ rule model:
     input:
         target=config["preregistration"],
         receipt=f"{RECEIPTS}/preregistration.json",
-        tasks=f"{RESULTS}/tasks/tasks.jsonl",
+        train=f"{RESULTS}/tasks/train.jsonl",  # the tokenizer never sees held-out text
     output:
         model=directory(f"{RESULTS}/model"),
         receipt=protected(f"{RECEIPTS}/model.json"),
@@ -96,7 +100,7 @@ rule model:
         f"{LOGS}/model.log",
     shell:
         "{PYTHON} -m envab.freeze model --target {input.target} --source {params.source}"
-        " --spec {params.spec} --tasks {input.tasks} --manifest {params.manifest}"
+        " --spec {params.spec} --tasks {input.train} --manifest {params.manifest}"
         " --out {output.model} > {log} 2>&1"
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import os
 import secrets
+import signal
 
 import httpx
 import pytest
@@ -146,12 +149,17 @@ def test_fork_into_8_children_in_the_parents_exact_state(fork_api, taskset):
         assert c["state_sha256"] == parent["state_sha256"]
         assert c["generation"] == parent["generation"]
 
-    # Children are independent copies: half finish the task, half do something else.
+    # Children are independent copies, each in its own process: half finish the task, half do
+    # something else.
+    pids = set()
     for i, c in enumerate(children):
         end = play(fork_api, c, oracle[1:] if i % 2 == 0 else [CLICK_CORNER])
-        assert verify(fork_api, end)["score"] == (1.0 if i % 2 == 0 else 0.0)
+        v = verify(fork_api, end)
+        assert v["score"] == (1.0 if i % 2 == 0 else 0.0)
+        pids.add(v["audit"]["worker_pid"])
     v = verify(fork_api, parent)  # the parent was not touched by its children
     assert v["valid"] and v["audit"]["state_sha256"] == parent["state_sha256"]
+    assert len(pids | {v["audit"]["worker_pid"]}) == 9
 
 
 def test_restore_host_cannot_fork(restore_api, taskset):
@@ -206,6 +214,14 @@ def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdic
     assert v["audit"]["trusted"] is False
 
 
+def test_a_lost_zygote_is_replaced(restore_api, taskset):
+    before = restore_api.get("/v1/health").json()["zygote_pid"]
+    os.kill(before, signal.SIGKILL)
+    env = create(restore_api, next(iter(taskset[0].values())))
+    assert env["valid"]
+    assert restore_api.get("/v1/health").json()["zygote_pid"] not in (None, before)
+
+
 def test_checker_that_cannot_run_is_verifier_unavailable(fork_api, taskset):
     task = dict(next(iter(taskset[0].values())))
     task["evaluator"] = {**task["evaluator"], "func": "no_such_checker"}
@@ -229,6 +245,11 @@ def test_bad_requests_get_one_clear_line(fork_api, restore_api, taskset):
     assert r.status_code == 422 and "outside" in r.json()["error"]  # the desktop refused it
     assert step(fork_api, env, CLICK_CORNER)["valid"]  # and the environment lives on
     assert fork_api.post("/v1/envs/nope/verify").status_code == 404
+    tiny = json.loads(json.dumps(next(iter(taskset[0].values()))))
+    tiny["config"][0]["parameters"] = {"width": 8, "height": 8}
+    r = fork_api.post("/v1/envs", json={"task": tiny})
+    assert r.status_code == 400 and "desktop width" in r.json()["error"]
+    assert create(fork_api, next(iter(taskset[0].values())))["valid"]  # the host lives on
     # Fault switches are refused by a host started without --allow-faults.
     r = restore_api.post("/v1/envs", json={"task": next(iter(taskset[0].values())),
                                            "faults": {"kill_at_step": 1}})

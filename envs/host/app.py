@@ -72,7 +72,7 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
     @app.get(f"{API}/health")
     def health() -> dict:
         return {"status": "ok", "mode": config.mode, "can_fork": config.mode == "fork",
-                "environments": len(pool),
+                "environments": len(pool), "zygote_pid": pool.zygote_pid,
                 "allow_faults": config.allow_faults}
 
     @app.post(f"{API}/envs", status_code=201)

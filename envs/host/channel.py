@@ -56,10 +56,16 @@ class Channel:
         return self.recv(timeout)
 
     def send_fds(self, fds: list[int]) -> None:
-        socket.send_fds(self.sock, [b"F"], fds)
+        try:
+            socket.send_fds(self.sock, [b"F"], fds)
+        except OSError as e:
+            raise ChannelClosed(str(e)) from None
 
     def recv_fds(self, n: int) -> list[int]:
-        _, fds, _, _ = socket.recv_fds(self.sock, 1, n)
+        try:
+            _, fds, _, _ = socket.recv_fds(self.sock, 1, n)
+        except OSError as e:
+            raise ChannelClosed(str(e)) from None
         if len(fds) != n:
             raise ChannelClosed(f"expected {n} descriptors, got {len(fds)}")
         return fds

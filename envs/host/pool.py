@@ -106,6 +106,13 @@ class Faults:
         unknown = sorted(set(d) - known)
         if unknown:
             raise BadRequest(f"unknown faults {unknown}; known: {sorted(known)}")
+        for name, value in d.items():
+            if name.endswith("_at_step"):
+                ok = value is None or (type(value) is int and value >= 1)
+                if not ok:
+                    raise BadRequest(f"fault {name} must be a step number from 1, got {value!r}")
+            elif not isinstance(value, bool):
+                raise BadRequest(f"fault {name} must be true or false, got {value!r}")
         return cls(**d)
 
     def any(self) -> bool:
@@ -181,6 +188,7 @@ class Pool:
         self._zygote_lock = threading.Lock()
         self._zygote: Channel | None = None
         self._zygote_proc: subprocess.Popen | None = None
+        self.zygote_pid: int | None = None
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -192,13 +200,17 @@ class Pool:
         theirs.close()
         self._zygote = Channel(ours)
         hello = self._zygote.recv(timeout=self.config.create_timeout_s)
-        log.info("zygote up (pid %s, mode %s)", hello["pid"], self.config.mode)
+        self.zygote_pid = hello["pid"]
+        log.info("zygote up (pid %s, mode %s)", self.zygote_pid, self.config.mode)
 
     def stop(self) -> None:
         for env_id in list(self._envs):
             self.close(env_id)
+        self._stop_zygote()
+
+    def _stop_zygote(self) -> None:
         if self._zygote is not None:
-            self._zygote.close()
+            self._zygote.close()  # the zygote reads end-of-stream and exits
             self._zygote = None
         if self._zygote_proc is not None:
             try:
@@ -206,6 +218,7 @@ class Pool:
             except subprocess.TimeoutExpired:
                 self._zygote_proc.kill()
                 self._zygote_proc.wait()
+            self._zygote_proc = None
 
     def __len__(self) -> int:
         return len(self._envs)
@@ -225,7 +238,13 @@ class Pool:
             raise BadRequest(f"task {task['id']}: {e}") from None
         t0 = time.perf_counter()
         with self._zygote_lock:
-            (channel, pid, _), = self._spawn(self._zygote, 1, size)
+            try:
+                (channel, pid, _), = self._spawn(self._zygote, 1, size)
+            except (ChannelClosed, ChannelTimeout):  # the zygote died: start another, once
+                log.error("zygote lost; starting a new one")
+                self._stop_zygote()
+                self.start()
+                (channel, pid, _), = self._spawn(self._zygote, 1, size)
         t1 = time.perf_counter()
         env = Environment(
             env_id=uuid.uuid4().hex[:16], task=task, channel=channel, pid=pid,
@@ -316,7 +335,8 @@ class Pool:
     def verify(self, env_id: str) -> dict:
         env = self._get(env_id)
         with env.lock:
-            audit = {"env_id": env.env_id, "parent": env.parent, "task": env.task["id"],
+            audit = {"env_id": env.env_id, "parent": env.parent, "worker_pid": env.pid,
+                     "task": env.task["id"],
                      "mode": self.config.mode, "generation": env.generation, "steps": env.steps,
                      "checker": env.task["evaluator"].get("func"), "flags": []}
             if env.quarantined:
@@ -362,7 +382,7 @@ class Pool:
                 theirs.close()
         reply = channel.recv(timeout=self.config.create_timeout_s)
         if "error" in reply:
-            raise RuntimeError(f"fork failed: {reply['error']}")
+            raise BadRequest(f"cannot prepare the desktop: {reply['error']}")
         out = []
         for (ours, _), pid in zip(pairs, reply["pids"], strict=True):
             child = Channel(ours)

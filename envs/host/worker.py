@@ -73,7 +73,10 @@ class Worker:
                 os._exit(0)  # the host is gone or closed us; nothing to flush
             op, *args = message
             if op == "fork":
-                self.fork(*args)
+                try:
+                    self.fork(*args)
+                except ChannelClosed:
+                    os._exit(0)
                 continue
             if op == "close":
                 os._exit(0)
@@ -92,7 +95,13 @@ class Worker:
         """Fork n children, each served over one of the n descriptors that follow."""
         fds = self.channel.recv_fds(n)
         if size is not None:
-            self.prepare(tuple(size))
+            try:
+                self.prepare(tuple(size))
+            except Exception as e:  # e.g. a screen size the desktop cannot make
+                for fd in fds:
+                    os.close(fd)
+                self.channel.send({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+                return
         pids = []
         for i, fd in enumerate(fds):
             pid = os.fork()

@@ -1,0 +1,343 @@
+"""QemuPool: the session protocol over N QEMU VMs restored from the warm snapshot.
+
+create(task) takes a free VM and resets it: QMP `loadvm warm`, the agent's hello (alive, and
+its state hash must be the blank desktop's), the task's set-up through the agent channel (the
+state hash must equal the task's `initial_state_sha256`), then a screendump that must show the
+frame the agent drew and must not be blank. step(action) types the action into the virtual
+tablet and keyboard, waits for the agent, and screendumps. verify() reads the state back and runs
+the task's checker here, on the host.
+
+Gates, as for every arm (envs.protocol): state hash, set-up, generation, VM/agent alive, step
+timeout, screen not blank, verifier available. The first failure makes the episode invalid with
+that gate; the VM goes back to the pool and is restored again by the next create, or replaced
+(a fresh QEMU from a fresh copy of the snapshot) when it died or stopped answering. This arm
+cannot fork: a GRPO group is G restores.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from envab.hashing import sha256_bytes
+from envs.desktop import screen_of
+from envs.desktop.actions import parse_action
+from envs.protocol import (
+    TERMINAL_ACTIONS,
+    Backend,
+    Gate,
+    Observation,
+    Session,
+    Verdict,
+    Verification,
+    check_action,
+    is_blank,
+    verdict_for,
+)
+from envs.qemu.image import GuestRecord, ImageConfig, ensure_guest
+from envs.qemu.inputs import frame
+from envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied
+from envs.tasks.checkers import check
+
+log = logging.getLogger("envs.qemu")
+
+SCREEN_POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class QemuConfig:
+    vms: int = 1
+    memory_mib: int = 256
+    accel: str = "auto"  # auto | kvm | tcg
+    cache: Path = Path("build/qemu")
+    build: bool = True  # build the guest when it is not cached (minutes), else refuse
+    step_timeout_s: float = 10.0
+    create_timeout_s: float = 30.0
+    run_dir: Path | None = None  # where VM sockets and logs go; a temporary folder by default
+
+    def __post_init__(self):
+        if not 1 <= self.vms <= 64:
+            raise ValueError(f"vms must be 1..64, got {self.vms}")
+        if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+
+
+class GateFailed(Exception):
+    """Internal: a gate failed during reset or step."""
+
+    def __init__(self, gate: Gate, reason: str):
+        super().__init__(reason)
+        self.gate = gate
+
+
+class PooledVM:
+    """A VM slot of the pool: replaced (relaunched from a fresh snapshot copy) when broken."""
+
+    def __init__(self, index: int, guest: GuestRecord, cache: Path, run_root: Path):
+        self.name = f"vm{index}"
+        self.guest, self.cache = guest, cache
+        self.run_dir = run_root / self.name
+        self.vm: VM | None = None
+        self.broken = True  # not launched yet
+        self.launches = 0
+
+    def ensure_running(self) -> None:
+        if not self.broken and self.vm is not None and self.vm.alive():
+            return
+        if self.vm is not None:
+            self.vm.stop()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        warm = self.run_dir / "warm.qcow2"
+        # Each VM owns a copy: QEMU opens the snapshot image read-write and locks it.
+        shutil.copyfile(self.guest.path("warm", self.cache), warm)
+        self.vm = VM(self.guest.spec(self.cache), warm, self.run_dir)
+        self.vm.launch(loadvm="warm")
+        self.launches += 1
+        self.broken = False
+
+    def stop(self) -> None:
+        if self.vm is not None:
+            self.vm.stop()
+            self.vm = None
+
+
+class QemuSession(Session):
+    def __init__(self, pool: QemuPool, slot: PooledVM, task: Mapping, env_id: str):
+        self.pool, self.slot, self.task, self.env_id = pool, slot, task, env_id
+        self.failed_gates: list[str] = []
+        self.status = "running"
+        self.steps = 0
+        self.timings: dict[str, float | list[float]] = {"step_s": []}
+        self.screen = tuple(screen_of(task["config"]))
+        self.fb = (0, 0)
+        self.state_sha256: str | None = None
+        self.observation = Observation(0, None)
+        try:
+            shot = self._reset()
+        except GateFailed as e:
+            self._fail(e.gate, 0, str(e))
+            return
+        self.observation = Observation(0, shot, state_sha256=self.state_sha256)
+
+    # --- reset --------------------------------------------------------------------------------
+
+    def _reset(self) -> Image.Image:
+        vm, cfg = self.slot.vm, self.pool.config
+        deadline = time.monotonic() + cfg.create_timeout_s
+        t0 = time.perf_counter()
+        with self._gated(Gate.WORKER_ALIVE):
+            vm.loadvm("warm")
+            t1 = time.perf_counter()
+            hello = vm.call("hello", timeout=_left(deadline))
+        if hello["state_sha256"] != self.pool.guest.blank_state_sha256:
+            raise GateFailed(Gate.STATE_HASH, "the restored desktop is not the blank one")
+        if tuple(hello["screen"]) != self.screen:
+            raise GateFailed(Gate.SETUP, f"task screen {self.screen} != guest {hello['screen']}")
+        self.fb = tuple(hello["fb"])
+        with self._gated(Gate.SETUP):
+            reply = vm.call("setup", timeout=_left(deadline), config=self.task["config"])
+        t2 = time.perf_counter()
+        self.state_sha256 = reply["state_sha256"]
+        if self.state_sha256 != self.task["evaluator"]["initial_state_sha256"]:
+            raise GateFailed(Gate.STATE_HASH, "state after restore and set-up is not the task's")
+        shot = self._screen(reply["frame_sha256"], deadline)
+        self.timings.update(loadvm_s=t1 - t0, setup_s=t2 - t1,
+                            create_s=time.perf_counter() - t0)
+        return shot
+
+    # --- the protocol -------------------------------------------------------------------------
+
+    def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
+        """Apply one action; a refused action raises ValueError and changes nothing."""
+        if self.failed_gates:
+            return self.observation
+        self._open()
+        if generation is not None and generation != self.generation:
+            return self._fail(Gate.GENERATION, self.generation, "action from an old screenshot")
+        parsed = parse_action(check_action(action), *self.screen)
+        if self.status != "running":
+            raise ValueError(f"the episode already ended with {self.status.upper()}")
+        framed = frame(parsed, self.fb)
+        vm = self.slot.vm
+        deadline = time.monotonic() + self.pool.config.step_timeout_s
+        t0 = time.perf_counter()
+        try:
+            with self._gated(Gate.WORKER_ALIVE):
+                for batch in framed.batches:
+                    vm.send_input(batch)
+                reply = vm.call("act", timeout=_left(deadline), **framed.frame)
+            if "rejected" in reply:  # the agent's desktop refused it: nothing changed
+                raise ValueError(reply["rejected"])
+            shot = self._screen(reply["frame_sha256"], deadline)
+        except GateFailed as e:
+            return self._fail(e.gate, self.generation, str(e))
+        self.timings["step_s"].append(time.perf_counter() - t0)
+        self.steps += 1
+        self.status = reply["status"]
+        self.state_sha256 = reply["state_sha256"]
+        done = parsed.kind in TERMINAL_ACTIONS
+        self.observation = Observation(self.generation + 1, shot, done=done,
+                                       state_sha256=self.state_sha256)
+        return self.observation
+
+    def verify(self) -> Verification:
+        audit = {"env_id": self.env_id, "task": self.task["id"], "backend": "qemu",
+                 "vm": self.slot.name, "accel": self.pool.guest.accel,
+                 "guest_image": self.pool.guest.image_digest,
+                 "warm_snapshot": self.pool.guest.warm_digest,
+                 "generation": self.generation, "steps": self.steps}
+        if self.failed_gates:
+            return Verification.invalid(self.failed_gates, **audit)
+        self._open()
+        try:
+            with self._gated(Gate.WORKER_ALIVE):
+                reply = self.slot.vm.call("state", timeout=self.pool.config.step_timeout_s)
+        except GateFailed as e:
+            self._fail(e.gate, self.generation, str(e))
+            return Verification.invalid(self.failed_gates, **audit)
+        audit["state_sha256"] = reply["state_sha256"]
+        try:
+            score = check(self.task["evaluator"], reply["state"])
+        except Exception as e:  # the checker could not run: no score, never a 0
+            audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
+        if score not in (0.0, 1.0):
+            audit["checker_error"] = f"checker returned {score!r}"
+            return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
+        return Verification(float(score), True, Verdict.VALID, (), audit)
+
+    def close(self) -> None:
+        if self.slot is not None:
+            self.pool._release(self.slot)
+            self.slot = None
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _screen(self, frame_sha256: str, deadline: float) -> Image.Image:
+        """Screendump until the display shows the frame the agent drew (it may lag a little)."""
+        w, h = self.screen
+        with self._gated(Gate.WORKER_ALIVE):
+            while True:
+                shot = self.slot.vm.screendump().crop((0, 0, w, h)).convert("RGB")
+                if sha256_bytes(shot.tobytes()) == frame_sha256:
+                    break
+                if time.monotonic() > deadline:
+                    if is_blank(shot):
+                        raise GateFailed(Gate.SCREEN_NOT_BLANK, "the screen is one colour")
+                    raise GateFailed(Gate.STEP_TIMEOUT, "the screen never showed the frame")
+                time.sleep(SCREEN_POLL_S)
+        if is_blank(shot):
+            raise GateFailed(Gate.SCREEN_NOT_BLANK, "the screen is one colour")
+        return shot
+
+    def _gated(self, gate: Gate):
+        return _Gated(self, gate)
+
+    def _fail(self, gate: Gate, generation: int, reason: str) -> Observation:
+        self.failed_gates.append(str(gate))
+        log.warning("%s (%s): gate %s failed: %s", self.env_id, self.slot.name, gate, reason)
+        if gate in (Gate.WORKER_ALIVE, Gate.STEP_TIMEOUT):
+            self.slot.broken = True  # wedged or dead: replace it rather than trust a restore
+        self.observation = Observation(generation, None, False, verdict_for(self.failed_gates),
+                                       tuple(self.failed_gates), done=True)
+        return self.observation
+
+    def _open(self) -> None:
+        if self.slot is None:
+            raise RuntimeError(f"session {self.env_id} is closed")
+
+
+class _Gated:
+    """Turn the VM's failures into gates: timeouts -> step_timeout, the rest -> `gate`."""
+
+    def __init__(self, session: QemuSession, gate: Gate):
+        self.session, self.gate = session, gate
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None or issubclass(kind, GateFailed):
+            return False
+        if issubclass(kind, AgentTimeout):
+            raise GateFailed(Gate.STEP_TIMEOUT, str(exc)) from None
+        if issubclass(kind, AgentError | VMDied | OSError | EOFError):
+            raise GateFailed(self.gate, f"{kind.__name__}: {exc}") from None
+        return False
+
+
+def _left(deadline: float) -> float:
+    return max(0.001, deadline - time.monotonic())
+
+
+class QemuPool(Backend):
+    """N VMs restored from one warm snapshot; `create` blocks until one is free."""
+
+    can_fork = False
+
+    def __init__(self, config: QemuConfig = QemuConfig(), guest: GuestRecord | None = None):
+        self.config = config
+        if guest is None:
+            image = ImageConfig(cache=config.cache, memory_mib=config.memory_mib,
+                                accel=config.accel)
+            guest = ensure_guest(image, log=log.info, build=config.build)
+        self.guest = guest
+        self._tmp = None
+        if config.run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="envab-qemu-")
+            run_root = Path(self._tmp.name)
+        else:
+            run_root = config.run_dir
+        self.slots = [PooledVM(i, guest, config.cache, run_root) for i in range(config.vms)]
+        self._free: queue.Queue[PooledVM] = queue.Queue()
+        self._count = 0
+        self._lock = threading.Lock()
+        with ThreadPoolExecutor(max_workers=config.vms) as ex:
+            list(ex.map(PooledVM.ensure_running, self.slots))
+        for slot in self.slots:
+            self._free.put(slot)
+
+    def create(self, task: Mapping) -> QemuSession:
+        for key in ("id", "config", "evaluator"):
+            if key not in task:
+                raise ValueError(f"task has no {key!r}")
+        screen_of(task["config"])  # a task without a screen step is the caller's error
+        slot = self._free.get()
+        try:
+            slot.ensure_running()
+        except (VMDied, OSError):
+            slot.broken = True
+            self._free.put(slot)
+            raise
+        with self._lock:
+            self._count += 1
+            env_id = f"qemu-{slot.name}-{self._count}"
+        return QemuSession(self, slot, task, env_id)
+
+    def _release(self, slot: PooledVM) -> None:
+        self._free.put(slot)
+
+    def describe(self) -> dict:
+        """What a receipt says about this arm."""
+        return {"backend": "qemu", "vms": self.config.vms, "memory_mib": self.guest.memory_mib,
+                "accel": self.guest.accel, "accel_reason": self.guest.accel_reason,
+                "qemu": self.guest.qemu_version, "guest_image": self.guest.image_digest,
+                "warm_snapshot": self.guest.warm_digest,
+                "launches": sum(s.launches for s in self.slots)}
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

@@ -1,0 +1,217 @@
+"""One QEMU virtual machine: its process, its QMP monitor and its desktop agent's channel.
+
+The guest's root disk is shared and read-only; a small per-VM qcow2 that the guest never sees
+(a `-blockdev` with no device) holds the internal snapshot `warm`: QEMU keeps vmstate only on
+writable images, and a read-only root is never changed by a restore. Screens come from QMP
+`screendump` (PPM), input from QMP `input-send-event` into a virtio tablet and keyboard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+from qemu.qmp.legacy import QEMUMonitorProtocol
+
+from envs.qemu.tools import require
+
+AGENT_PORT = "org.envab.desktop.0"
+FB_SIZE = (640, 480)  # the virtual display; the desktop is drawn at its top-left corner
+KERNEL_ARGS = (
+    "root=/dev/vda ro rootfstype=ext4 console=ttyS0 quiet loglevel=3 "
+    "vt.global_cursor_default=0 init_on_free=1 mitigations=off systemd.show_status=0"
+)
+LAUNCH_TIMEOUT_S = 60.0
+
+
+class AgentError(RuntimeError):
+    """The desktop agent answered with an error (its message is the agent's)."""
+
+
+class AgentTimeout(TimeoutError):
+    """The desktop agent did not answer in time."""
+
+
+class VMDied(RuntimeError):
+    """The QEMU process exited or its monitor or channel closed."""
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    """What makes two VMs interchangeable: a snapshot saved by one loads in the other."""
+
+    root: Path
+    kernel: Path
+    initrd: Path
+    memory_mib: int = 256
+    accel: str = "tcg"
+
+    def args(self, warm: Path, run_dir: Path) -> list[str]:
+        qemu = require("qemu-system-x86_64")
+        xres, yres = FB_SIZE
+        return [
+            qemu, "-name", run_dir.name, "-nodefaults", "-no-user-config",
+            "-machine", f"pc,accel={self.accel}", "-smp", "1", "-m", str(self.memory_mib),
+            "-display", "none", "-device", f"VGA,xres={xres},yres={yres}",
+            "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", KERNEL_ARGS,
+            "-drive", f"file={self.root},if=none,id=root,format=qcow2,readonly=on",
+            "-device", "virtio-blk-pci,drive=root",
+            "-blockdev", f"driver=qcow2,node-name=warm,file.driver=file,file.filename={warm}",
+            "-device", "virtio-tablet-pci", "-device", "virtio-keyboard-pci",
+            "-device", "virtio-serial-pci",
+            "-chardev", f"socket,id=desk,path={run_dir / 'agent.sock'},server=on,wait=off",
+            "-device", f"virtserialport,chardev=desk,name={AGENT_PORT}",
+            "-qmp", f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
+            "-serial", f"file:{run_dir / 'console.log'}",
+        ]
+
+
+class AgentChannel:
+    """JSON lines to and from the in-guest agent over virtio-serial; replies matched by id."""
+
+    def __init__(self, path: Path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(path))
+        self.buffer = b""
+        self.next_id = 0
+
+    def call(self, op: str, timeout: float, **fields) -> dict:
+        self.next_id += 1
+        rid = self.next_id
+        self.sock.sendall(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                try:
+                    reply = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a partial line cut by a restore
+                if isinstance(reply, dict) and reply.get("id") == rid:
+                    if "error" in reply:
+                        raise AgentError(reply["error"])
+                    return reply
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AgentTimeout(f"agent did not answer {op!r} within {timeout:.1f} s")
+            if select.select([self.sock], [], [], left)[0]:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise VMDied("agent channel closed")
+                self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class VM:
+    """A running QEMU process restored from `warm`, with its monitor and agent channel."""
+
+    def __init__(self, spec: VMSpec, warm: Path, run_dir: Path):
+        self.spec, self.warm, self.run_dir = spec, warm, run_dir
+        self.proc: subprocess.Popen | None = None
+        self.qmp: QEMUMonitorProtocol | None = None
+        self.agent: AgentChannel | None = None
+
+    def launch(self, loadvm: str | None) -> None:
+        """Start QEMU (paused on `loadvm` when given) and connect the monitor and the agent."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        remove_sockets(self.run_dir)  # a previous QEMU's sockets would look like ours
+        args = self.spec.args(self.warm, self.run_dir)
+        if loadvm:
+            args += ["-loadvm", loadvm]
+        log = open(self.run_dir / "qemu.log", "ab")  # noqa: SIM115 - lives as long as QEMU
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        qmp_path, agent_path = self.run_dir / "qmp.sock", self.run_dir / "agent.sock"
+        while not (qmp_path.exists() and agent_path.exists()):
+            if self.proc.poll() is not None:
+                raise VMDied(f"qemu exited with {self.proc.returncode}: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise VMDied(f"qemu sockets not up after {LAUNCH_TIMEOUT_S:.0f} s")
+            time.sleep(0.02)
+        self.qmp = QEMUMonitorProtocol(str(qmp_path))
+        self.qmp.connect()
+        self.agent = AgentChannel(agent_path)
+
+    # --- monitor ----------------------------------------------------------------------------
+
+    def command(self, name: str, **args):
+        if self.qmp is None or not self.alive():
+            raise VMDied("qemu is not running")
+        try:
+            return self.qmp.cmd(name, **args)
+        except (OSError, EOFError) as e:
+            raise VMDied(f"monitor: {e}") from None
+
+    def hmp(self, line: str) -> None:
+        """A monitor command whose error comes back as text (savevm, loadvm)."""
+        out = self.command("human-monitor-command", **{"command-line": line})
+        if isinstance(out, str) and out.strip():
+            raise VMDied(f"{line}: {out.strip().splitlines()[0]}")
+
+    def loadvm(self, tag: str = "warm") -> None:
+        self.hmp(f"loadvm {tag}")
+
+    def savevm(self, tag: str = "warm") -> None:
+        self.hmp(f"savevm {tag}")
+
+    def screendump(self) -> Image.Image:
+        path = self.run_dir / "screen.ppm"
+        self.command("screendump", filename=str(path))
+        with Image.open(path) as image:
+            image.load()
+            return image
+
+    def send_input(self, events: list[dict]) -> None:
+        self.command("input-send-event", events=events)
+
+    def call(self, op: str, timeout: float, **fields) -> dict:
+        if self.agent is None:
+            raise VMDied("no agent channel")
+        return self.agent.call(op, timeout, **fields)
+
+    # --- life ------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Quit QEMU (hard after a short grace); closing twice is harmless."""
+        for closer in (self.agent, self.qmp):
+            if closer is not None:
+                with contextlib.suppress(OSError):
+                    closer.close()
+        self.agent = self.qmp = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def quit(self) -> None:
+        """Ask QEMU to quit cleanly (after savevm, so the image is closed properly)."""
+        with contextlib.suppress(VMDied):
+            self.command("quit")
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        self.stop()
+
+    def _log_tail(self) -> str:
+        path = self.run_dir / "qemu.log"
+        lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+        return lines[-1] if lines else "no output"
+
+
+def remove_sockets(run_dir: Path) -> None:
+    for name in ("qmp.sock", "agent.sock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(run_dir / name)
