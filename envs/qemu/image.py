@@ -69,6 +69,11 @@ UNIT = "envs/qemu/guest/envab-desktop.service"
 BOOT_TIMEOUT_S = 600.0
 
 
+def source_files() -> list[str]:
+    """Repository files the guest is built from (a workflow rule's inputs)."""
+    return sorted({*GUEST_FILES, UNIT, "envs/qemu/image.py", "envs/qemu/vm.py"})
+
+
 class BuildError(RuntimeError):
     """A build step failed; the message is one line."""
 

@@ -7,7 +7,7 @@ the guest image carries a copy of this file.
 """
 
 # (character, qcode, Linux KEY_* name, shift held)
-_ROWS = [
+ROWS = [
     *[(c, c, f"KEY_{c.upper()}", False) for c in "abcdefghijklmnopqrstuvwxyz"],
     *[(c.upper(), c, f"KEY_{c.upper()}", True) for c in "abcdefghijklmnopqrstuvwxyz"],
     *[(d, d, f"KEY_{d}", False) for d in "0123456789"],
@@ -41,9 +41,9 @@ _ROWS = [
 ]
 
 # character -> (qcode, shift)
-CHAR_TO_QCODE: dict[str, tuple[str, bool]] = {c: (q, s) for c, q, _, s in _ROWS}
+CHAR_TO_QCODE: dict[str, tuple[str, bool]] = {c: (q, s) for c, q, _, s in ROWS}
 # (Linux key name, shift) -> character
-LINUX_TO_CHAR: dict[tuple[str, bool], str] = {(k, s): c for c, _, k, s in _ROWS}
+LINUX_TO_CHAR: dict[tuple[str, bool], str] = {(k, s): c for c, _, k, s in ROWS}
 
 # computer_13 PRESS key -> (qcode, Linux key name)
 PRESS_KEYS: dict[str, tuple[str, str]] = {

@@ -1,0 +1,146 @@
+"""Exact accounting of what a training run consumed: every attempt, and the counters at checkpoints.
+
+Every attempt (valid or not) is one line of trajectories.jsonl. A checkpoint is due each time the
+count of *valid* trajectories passes a multiple of the frozen checkpoint interval; its record
+(one line of checkpoints.jsonl) carries the counters that time-to-target reads:
+
+- ``wall_clock_s``: training wall-clock since the first step;
+- ``env_host_hours`` and ``env_cost_usd``: hosts held x wall-clock, at the arm's price (the
+  environment host is held for the whole run, busy or idle, so a faster environment that
+  shortens the run is what makes it cheaper);
+- ``env_busy_s``: the seconds spent inside environment calls (create, fork, step, verify);
+- ``inference_s`` and ``inference_cost_usd``: generation time, at the inference price;
+- ``valid_trajectories`` and ``invalid_discarded``.
+
+Invalid attempts carry no reward (never 0), count on their own line and never toward a checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from envab.io import append_jsonl
+from envab.receipts import utc_now
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One trajectory attempt, as the environment saw it."""
+
+    task_id: str
+    env_id: str | None
+    fork_parent: str | None
+    verdict: str
+    failed_gates: tuple[str, ...]
+    score: float | None
+    turns: int
+    env_seconds: float
+    generation_seconds: float
+    started_utc: str
+    ended_utc: str
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict == "valid"
+
+    @property
+    def reward(self) -> float | None:
+        return self.score if self.valid else None
+
+
+@dataclass(frozen=True)
+class Prices:
+    host_usd_per_hour: float
+    inference_usd_per_hour: float
+
+
+@dataclass
+class Ledger:
+    """Counters of one (arm, seed) run, and the two append-only record files."""
+
+    trajectories_path: str
+    checkpoints_path: str
+    arm: str
+    seed: int
+    checkpoint_interval: int
+    prices: Prices
+    hosts: int = 1
+    clock: callable = time.monotonic
+    valid: int = 0
+    invalid: int = 0
+    env_busy_s: float = 0.0
+    inference_s: float = 0.0
+    checkpoints: int = 0
+    started: float | None = field(default=None, repr=False)
+    started_utc: str | None = None
+
+    def start(self) -> None:
+        """Mark the first training step; wall-clock and host-hours count from here."""
+        if self.started is None:
+            self.started = self.clock()
+            self.started_utc = utc_now()
+
+    def wall_clock_s(self) -> float:
+        return 0.0 if self.started is None else self.clock() - self.started
+
+    def record(self, attempt: Attempt, step: int) -> dict:
+        self.start()
+        if attempt.valid:
+            self.valid += 1
+        else:
+            self.invalid += 1
+        self.env_busy_s += attempt.env_seconds
+        self.inference_s += attempt.generation_seconds
+        line = {
+            "arm": self.arm,
+            "seed": self.seed,
+            "step": step,
+            **asdict(attempt),
+            "failed_gates": list(attempt.failed_gates),
+            "reward": attempt.reward,
+        }
+        append_jsonl(self.trajectories_path, line)
+        return line
+
+    def checkpoint_due(self) -> bool:
+        return self.valid >= (self.checkpoints + 1) * self.checkpoint_interval
+
+    def counters(self) -> dict:
+        wall = self.wall_clock_s()
+        host_hours = self.hosts * wall / 3600
+        return {
+            "valid_trajectories": self.valid,
+            "invalid_discarded": self.invalid,
+            "wall_clock_s": wall,
+            "env_host_hours": host_hours,
+            "env_cost_usd": host_hours * self.prices.host_usd_per_hour,
+            "env_busy_s": self.env_busy_s,
+            "inference_s": self.inference_s,
+            "inference_cost_usd": self.inference_s / 3600 * self.prices.inference_usd_per_hour,
+        }
+
+    def record_checkpoint(self, name: str, step: int, files: dict[str, str]) -> dict:
+        """Append the checkpoint record; `files` maps relative path -> sha256."""
+        self.checkpoints += 1
+        line = {
+            "checkpoint": name,
+            "index": self.checkpoints,
+            "due_at_valid": self.checkpoints * self.checkpoint_interval,
+            "step": step,
+            "arm": self.arm,
+            "seed": self.seed,
+            "utc": utc_now(),
+            **self.counters(),
+            "files": files,
+        }
+        append_jsonl(self.checkpoints_path, line)
+        return line
+
+    def stop_reason(self, max_wall_clock_s: float, max_valid_trajectories: int) -> str | None:
+        """Why the budget says stop now, or None: whichever limit comes first."""
+        if self.valid >= max_valid_trajectories:
+            return "max_valid_trajectories"
+        if self.wall_clock_s() >= max_wall_clock_s:
+            return "max_wall_clock_s"
+        return None
