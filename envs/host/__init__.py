@@ -2,11 +2,13 @@
 
 Start it standalone with `python -m envs.host --mode fork|restore --port P --token-file F`, or
 from Python with `serve_embedded(mode, token_file)` (a free loopback port, for one job).
+Linux only: workers are made with os.fork and their channels passed as file descriptors.
 
 Protocol (JSON over HTTP, version 1). Every request carries `Authorization: Bearer <token>`;
 any request without the right token, health included, gets 401. Screenshots are base64 PNG.
 
-    GET    /v1/health                 -> {status, mode, environments, allow_faults}
+    GET    /v1/health                 -> {status, mode, can_fork, environments, zygote_pid,
+                                              allow_faults}
     POST   /v1/envs                   {task, faults?}
                                       -> 201 {env_id, generation: 0, screenshot_png,
                                               state_sha256, valid, verdict, failed_gates, timings}
