@@ -152,8 +152,10 @@ def build_base(config: ImageConfig, rootfs: Path) -> dict:
         _unmount_under(rootfs)  # a failed debootstrap can leave /proc mounted in it
         shutil.rmtree(rootfs)
     rootfs.parent.mkdir(parents=True, exist_ok=True)
+    debs = (config.cache / "debs").resolve()  # kept: a rebuild downloads only what changed
+    debs.mkdir(parents=True, exist_ok=True)
     _run([require("debootstrap"), "--variant=minbase", f"--include={','.join(PACKAGES)}",
-          config.suite, str(rootfs), config.mirror], "debootstrap")
+          f"--cache-dir={debs}", config.suite, str(rootfs), config.mirror], "debootstrap")
     wheel = _pillow_wheel(config.cache / "wheels")
     site = rootfs / "usr/local/lib/python3.11/dist-packages"
     site.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import secrets
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -105,21 +103,10 @@ def open_backend(url: str | None, embedded: str | None) -> Iterator[object]:
 
         yield LocalBackend()
         return
-    from envs.drums.client import DrumsBackend
+    from envs.drums import connect
 
-    if url is not None:
-        with DrumsBackend(url) as backend:
-            yield backend
-        return
-    from envs.host.embedded import serve_embedded
-
-    with tempfile.TemporaryDirectory() as tmp:
-        token_file = Path(tmp) / "token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(secrets.token_hex(16))
-        with serve_embedded(embedded, token_file) as host_url, \
-                DrumsBackend(host_url, token_file=token_file) as backend:
-            yield backend
+    with connect(url or "embedded", mode=embedded) as backend:
+        yield backend
 
 
 def main(argv: list[str] | None = None) -> int:
