@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,22 @@ class Workflow:
         return subprocess.run(
             [sys.executable, *args], cwd=self.root, capture_output=True, text=True, timeout=300
         )
+
+
+@pytest.fixture(scope="session")
+def frozen_once(tmp_path_factory, make_workflow) -> Path:
+    """One real freeze of a copy of the workflow (snakemake --cores 1), shared by the session."""
+    workflow = make_workflow(tmp_path_factory.mktemp("frozen"))
+    result = workflow.snakemake(timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workflow.root
+
+
+@pytest.fixture
+def frozen(frozen_once, tmp_path, make_workflow) -> Workflow:
+    """A private copy of the frozen workflow, free to tamper with."""
+    root = tmp_path / "wf"
+    shutil.copytree(frozen_once, root, symlinks=True)
+    for path in root.rglob("*"):  # receipts are write-protected; the tests tamper with them
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return make_workflow(root, copy=False)

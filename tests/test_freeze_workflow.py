@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import stat
 from pathlib import Path
 
 import pytest
@@ -14,24 +12,6 @@ from envab.receipts import read_receipt
 EXP = "embedded-default-v1"
 RECEIPTS = Path("receipts") / EXP
 RESULTS = Path("results") / EXP
-
-
-@pytest.fixture(scope="module")
-def frozen_once(tmp_path_factory, make_workflow) -> Path:
-    """One real freeze of a copy of the workflow; tests work on copies of the result."""
-    workflow = make_workflow(tmp_path_factory.mktemp("frozen"))
-    result = workflow.snakemake(timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workflow.root
-
-
-@pytest.fixture
-def frozen(frozen_once, tmp_path, make_workflow):
-    root = tmp_path / "wf"
-    shutil.copytree(frozen_once, root, symlinks=True)
-    for path in root.rglob("*"):  # receipts are write-protected; the tests tamper with them
-        path.chmod(path.stat().st_mode | stat.S_IWUSR)
-    return make_workflow(root, copy=False)
 
 
 def verify(workflow):

@@ -21,6 +21,7 @@ The record (`guest.json`, see `GuestRecord`) holds the digests and the accelerat
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import shutil
 import subprocess
@@ -316,6 +317,18 @@ def ensure_guest(config: ImageConfig, log=print, build: bool = True) -> GuestRec
 
     With build=False a missing stage is a BuildError instead of minutes of building."""
 
+    config.cache.mkdir(parents=True, exist_ok=True)
+    with open(config.cache / ".lock", "w") as lock:
+        # Two builders on one cache would delete each other's root file system.
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another guest build under {config.cache}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_guest(config, log, build)
+
+
+def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     def building(what: str) -> None:
         if not build:
             raise BuildError(f"{what} is not built under {config.cache}: run "

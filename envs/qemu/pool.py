@@ -65,6 +65,18 @@ class QemuConfig:
     create_timeout_s: float = 30.0
     run_dir: Path | None = None  # where VM sockets and logs go; a temporary folder by default
 
+    @classmethod
+    def from_arm(cls, arm: Mapping) -> QemuConfig:
+        """From an arm of config.yaml: {backend: qemu, vms, memory_mib, accel, cache, ...}."""
+        known = {f for f in cls.__dataclass_fields__ if f != "run_dir"}
+        unknown = sorted(set(arm) - known - {"backend"})
+        if unknown:
+            raise ValueError(f"qemu arm: unknown settings {unknown}; known: {sorted(known)}")
+        settings = {k: v for k, v in arm.items() if k in known}
+        if "cache" in settings:
+            settings["cache"] = Path(settings["cache"])
+        return cls(**settings)
+
     def __post_init__(self):
         if not 1 <= self.vms <= 64:
             raise ValueError(f"vms must be 1..64, got {self.vms}")

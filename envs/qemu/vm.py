@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
+from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from envs.qemu.tools import require
@@ -30,6 +31,7 @@ KERNEL_ARGS = (
     "vt.global_cursor_default=0 init_on_free=1 mitigations=off systemd.show_status=0"
 )
 LAUNCH_TIMEOUT_S = 60.0
+MONITOR_TIMEOUT_S = 120.0  # savevm and loadvm included
 
 
 class AgentError(RuntimeError):
@@ -141,6 +143,7 @@ class VM:
             time.sleep(0.02)
         self.qmp = QEMUMonitorProtocol(str(qmp_path))
         self.qmp.connect()
+        self.qmp.settimeout(MONITOR_TIMEOUT_S)
         self.agent = AgentChannel(agent_path)
 
     # --- monitor ----------------------------------------------------------------------------
@@ -150,8 +153,10 @@ class VM:
             raise VMDied("qemu is not running")
         try:
             return self.qmp.cmd(name, **args)
-        except (OSError, EOFError) as e:
-            raise VMDied(f"monitor: {e}") from None
+        except TimeoutError:
+            raise AgentTimeout(f"monitor: {name} took over {MONITOR_TIMEOUT_S:.0f} s") from None
+        except (OSError, EOFError, QMPError) as e:
+            raise VMDied(f"monitor: {name}: {e}") from None
 
     def hmp(self, line: str) -> None:
         """A monitor command whose error comes back as text (savevm, loadvm)."""

@@ -1,0 +1,61 @@
+"""The trainer's guards refuse a run whose freeze no longer holds, or that meets a held-out task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.guards import (
+    GuardError,
+    HeldoutGuard,
+    check_code,
+    check_pins,
+    check_receipts,
+    heldout_ids,
+)
+
+RECEIPTS = "receipts/embedded-default-v1"
+PINS = "results/embedded-default-v1/drums/seed1/pins.json"
+
+
+def test_a_clean_freeze_passes_every_guard(frozen):
+    root = frozen.root
+    check_receipts(root / RECEIPTS, root)
+    check_code(root / RECEIPTS, root)
+    pins = check_pins(root / PINS, root / RECEIPTS)
+    assert pins["arm"] == "drums"
+
+
+def test_changed_code_is_refused_by_name(frozen):
+    path = frozen.root / "envs" / "tasks" / "checkers.py"
+    path.write_text(path.read_text() + "\n# an innocent-looking edit\n")
+    with pytest.raises(GuardError, match="envs/tasks/checkers.py"):
+        check_code(frozen.root / RECEIPTS, frozen.root)
+    with pytest.raises(GuardError, match="do not verify"):
+        check_receipts(frozen.root / RECEIPTS, frozen.root)
+
+
+def test_pins_made_against_other_receipts_are_refused(frozen):
+    pins_path = frozen.root / PINS
+    pins = json.loads(pins_path.read_text())
+    pins["receipts"]["split.json"] = "0" * 64
+    pins_path.write_text(json.dumps(pins))
+    with pytest.raises(GuardError, match="split.json"):
+        check_pins(pins_path, frozen.root / RECEIPTS)
+
+
+def test_heldout_ids_never_reach_the_trainer(frozen):
+    heldout = heldout_ids(frozen.root / RECEIPTS)
+    train = [
+        json.loads(line)["id"]
+        for line in (frozen.root / "results/embedded-default-v1/tasks/train.jsonl").open()
+    ]
+    guard = HeldoutGuard(heldout)
+    guard.check_dataset(train)
+    some_heldout = sorted(heldout)[0]
+    with pytest.raises(GuardError, match="held-out task ids in the training data"):
+        guard.check_dataset([*train, some_heldout])
+    guard(train[0])
+    with pytest.raises(GuardError, match=some_heldout):
+        guard(some_heldout)

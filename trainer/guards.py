@@ -1,0 +1,83 @@
+"""What a training run checks before its first step, and what it checks on every task it meets.
+
+- the freeze receipts verify (every digest, see envab.verify);
+- the code that runs now is the code that was frozen (receipts/<exp>/code.json): a changed trainer,
+  reward or environment adapter is refused, never silently trained with;
+- the run's pins (results/<exp>/<arm>/seed<k>/pins.json) still match the receipts;
+- no held-out task id reaches the trainer: the training data is checked up front, and
+  `HeldoutGuard` is called on every task an environment is reset to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from envab import codepins
+from envab.hashing import sha256_file
+from envab.receipts import read_receipt
+from envab.verify import verify_dir
+
+
+class GuardError(RuntimeError):
+    """A reason to refuse the run; the message is one line."""
+
+
+def check_receipts(receipts: str | Path, root: str | Path = ".") -> None:
+    failed = [c for c in verify_dir(receipts, root) if not c.ok]
+    if failed:
+        named = ", ".join(f"{c.status} {c.path}" for c in failed[:5])
+        raise GuardError(f"the freeze receipts in {receipts} do not verify ({named})")
+
+
+def check_code(receipts: str | Path, root: str | Path = ".") -> None:
+    frozen = read_receipt(Path(receipts) / "code.json")["predicate"]["groups"]
+    patterns = {g: sorted(v["files"]) for g, v in frozen.items()}
+    try:
+        now = codepins.pin_groups(patterns, root)
+    except FileNotFoundError as e:
+        raise GuardError(f"frozen code is missing: {e}") from None
+    changed = sorted(
+        path
+        for group in frozen
+        for path, digest in frozen[group]["files"].items()
+        if now[group]["files"].get(path) != digest
+    )
+    if changed:
+        raise GuardError(
+            f"code changed since the experiment was frozen: {', '.join(changed[:5])}; "
+            f"restore it, or register a new experiment_id"
+        )
+
+
+def check_pins(pins_path: str | Path, receipts: str | Path) -> dict:
+    pins = json.loads(Path(pins_path).read_text())
+    drift = sorted(
+        name
+        for name, digest in pins["receipts"].items()
+        if sha256_file(Path(receipts) / name) != digest
+    )
+    if drift:
+        raise GuardError(f"{pins_path} was pinned to other receipts than these: {drift}")
+    return pins
+
+
+def heldout_ids(receipts: str | Path) -> frozenset[str]:
+    split = read_receipt(Path(receipts) / "split.json")["predicate"]
+    return frozenset(t["id"] for t in split["heldout"])
+
+
+class HeldoutGuard:
+    """Fails the run the moment a held-out task id reaches the trainer."""
+
+    def __init__(self, heldout: frozenset[str]):
+        self.heldout = heldout
+
+    def check_dataset(self, task_ids) -> None:
+        leaked = sorted(set(task_ids) & self.heldout)
+        if leaked:
+            raise GuardError(f"held-out task ids in the training data: {leaked[:5]}")
+
+    def __call__(self, task_id: str) -> None:
+        if task_id in self.heldout:
+            raise GuardError(f"held-out task {task_id!r} reached the trainer")
