@@ -23,7 +23,7 @@ from pathlib import Path
 from envab import codepins, preregistration
 from envab.config import ConfigError, Target
 from envab.hashing import aggregate_digest, sha256_file, sha256_json
-from envab.io import read_jsonl, write_jsonl
+from envab.io import atomic_write_json, read_jsonl, write_jsonl
 from envab.receipts import receipt_dir, repo_commit, subject, write_receipt
 from envab.split import RULE, SplitError, split_tasks, task_digest
 
@@ -121,19 +121,22 @@ def cmd_model(args) -> None:
 
 
 def cmd_pins(args) -> None:
-    """What one (arm, seed) run is pinned to; runs that may be compared differ only in `arm`."""
+    """What one (arm, seed) run is pinned to. `comparable_sha256` covers everything but the arm
+    and the seed: the analysis refuses to compare runs where it differs."""
     target = preregistration.check_frozen(args.target)
     receipts = _receipts(target)
-    frozen = {name: sha256_file(receipts / name) for name in args.receipts}
-    shared = {"experiment_id": target.experiment_id, "receipts": frozen, "seed": args.seed}
+    shared = {
+        "experiment_id": target.experiment_id,
+        "receipts": {name: sha256_file(receipts / name) for name in args.receipts},
+        "training": json.loads(args.training),
+    }
     record = {
         **shared,
         "arm": args.arm,
+        "seed": args.seed,
         "arm_config": json.loads(args.arm_config),
         "comparable_sha256": sha256_json(shared),
     }
-    from envab.io import atomic_write_json
-
     atomic_write_json(args.out, record)
     print(f"pins: {args.arm} seed {args.seed}")
 
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--arm-config", required=True, help="JSON")
+    p.add_argument("--training", required=True, help="JSON: the training settings (sft, grpo)")
     p.add_argument("--receipts", nargs="+", required=True, help="receipt file names")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_pins)

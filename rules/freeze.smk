@@ -112,12 +112,14 @@ rule pins:
         f"{RESULTS}/{{arm}}/seed{{seed}}/pins.json",
     params:
         arm_config=lambda w: as_arg(config["arms"][w.arm]),
+        training=as_arg(config["training"]),
         names=" ".join(FREEZE_RECEIPTS),
     log:
         f"{LOGS}/pins_{{arm}}_seed{{seed}}.log",
     shell:
         "{PYTHON} -m envab.freeze pins --target {input.target} --arm {wildcards.arm}"
-        " --seed {wildcards.seed} --arm-config {params.arm_config} --receipts {params.names}"
+        " --seed {wildcards.seed} --arm-config {params.arm_config} --training {params.training}"
+        " --receipts {params.names}"
         " --out {output} > {log} 2>&1"
 
 
