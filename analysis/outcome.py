@@ -1,0 +1,232 @@
+"""The experiment's answer, in the form the pre-registration promised.
+
+Inputs per (arm, seed) run directory: pins.json, checkpoints.jsonl, run.json (the final counters
+and the stop reason) and eval/<checkpoint>.json (held-out results). Output: outcome.json, and
+outcome.md with, in this order, the coincidence verdict (a gap between the arms' learning curves
+is a correctness finding and is shown above any speed result), one row per arm and seed, the
+across-seed summary, and cost per valid rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.statistics import coincidence
+from analysis.time_to_target import time_to_target
+from envab.hashing import sha256_file
+from envab.io import read_jsonl
+
+
+class NotComparable(ValueError):
+    """Runs whose pins differ in something other than the arm and the seed."""
+
+
+@dataclass
+class Run:
+    arm: str
+    seed: int
+    pins: dict
+    checkpoints: list[dict]
+    evaluations: dict[str, dict]
+    final: dict
+    inputs: dict[str, str]  # path -> sha256 of every record read
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> Run:
+        run_dir = Path(run_dir)
+        files = [run_dir / "pins.json", run_dir / "checkpoints.jsonl", run_dir / "run.json"]
+        evals = sorted((run_dir / "eval").glob("*.json"))
+        pins = json.loads(files[0].read_text())
+        return cls(
+            arm=pins["arm"],
+            seed=pins["seed"],
+            pins=pins,
+            checkpoints=list(read_jsonl(files[1])) if files[1].exists() else [],
+            evaluations={e.stem: json.loads(e.read_text()) for e in evals},
+            final=json.loads(files[2].read_text()),
+            inputs={p.as_posix(): sha256_file(p) for p in [*files, *evals] if p.exists()},
+        )
+
+
+def check_comparable(runs: list[Run]) -> str:
+    digests = {r.pins["comparable_sha256"] for r in runs}
+    if len(digests) != 1:
+        named = ", ".join(f"{r.arm}/seed{r.seed}={r.pins['comparable_sha256'][:12]}" for r in runs)
+        raise NotComparable(f"runs are pinned to different things besides the arm: {named}")
+    return digests.pop()
+
+
+def curve(run_list: list[Run]) -> dict[int, dict[str, list[int]]]:
+    """Pooled per-task episode outcomes at each checkpoint's due count, over an arm's seeds."""
+    pooled: dict[int, dict[str, list[int]]] = {}
+    for run in run_list:
+        for checkpoint in run.checkpoints:
+            evaluation = run.evaluations.get(checkpoint["checkpoint"])
+            if not evaluation or not evaluation.get("scored"):
+                continue
+            at = pooled.setdefault(checkpoint["due_at_valid"], {})
+            for task, outcomes in evaluation["tasks"].items():
+                at.setdefault(task, []).extend(outcomes)
+    return pooled
+
+
+def _row(run: Run, threshold: float) -> dict:
+    result = time_to_target(run.checkpoints, run.evaluations, threshold, final=run.final)
+    valid = run.final.get("valid_trajectories") or 0
+    env_cost = run.final.get("env_cost_usd") or 0.0
+    scored = [e for e in run.evaluations.values() if e.get("scored")]
+    return {
+        "arm": run.arm,
+        "seed": run.seed,
+        **result,
+        "stop_reason": run.final.get("stop_reason"),
+        "cost_per_valid_rollout_usd": env_cost / valid if valid else None,
+        "evaluation_wall_s": sum(e.get("wall_s", 0.0) for e in run.evaluations.values()),
+        "evaluation_cost_usd": sum(e.get("cost_usd", 0.0) for e in run.evaluations.values()),
+        "unscored_evaluations": len(run.evaluations) - len(scored),
+    }
+
+
+def _arm_summary(rows: list[dict]) -> dict:
+    reached = [r for r in rows if r["reached"]]
+    summary = {"seeds": len(rows), "reached": len(reached)}
+    if len(rows) == 1:
+        summary["variance"] = "one seed per arm: a single draw, no claim about variance"
+        return summary
+    times = [r["wall_clock_s"] for r in reached]
+    summary["variance"] = f"{len(rows)} seeds"
+    if len(times) >= 2:
+        summary["time_to_target_s"] = {
+            "mean": statistics.fmean(times),
+            "stdev": statistics.stdev(times),
+            "min": min(times),
+            "max": max(times),
+        }
+    return summary
+
+
+def compute_outcome(runs: list[Run], target: dict) -> dict:
+    if not runs:
+        raise ValueError("no runs to analyse")
+    comparable = check_comparable(runs)
+    threshold = float(target["target"]["threshold"])
+    rows = [
+        _row(r, threshold)
+        for r in sorted(runs, key=lambda r: (target["arms"].index(r.arm), r.seed))
+    ]
+    arms = [a for a in target["arms"] if any(r.arm == a for r in runs)]
+    by_arm = {a: [r for r in runs if r.arm == a] for a in arms}
+    checks = []
+    baseline = arms[0]
+    for candidate in arms[1:]:
+        settings = target["coincidence"]
+        try:
+            result = coincidence(
+                curve(by_arm[candidate]),
+                curve(by_arm[baseline]),
+                margin=settings["margin"],
+                samples=settings.get("bootstrap_samples", 2000),
+                confidence=settings.get("confidence", 0.95),
+            ).to_dict()
+        except ValueError as e:
+            result = {"verdict": "not computed", "reason": str(e)}
+        checks.append({"candidate": candidate, "baseline": baseline, **result})
+    return {
+        "experiment_id": target["experiment_id"],
+        "question": " ".join(target["question"].split()),
+        "target": target["target"],
+        "comparable_sha256": comparable,
+        "coincidence": checks,
+        "runs": rows,
+        "arms": {a: _arm_summary([r for r in rows if r["arm"] == a]) for a in arms},
+        "inputs": {p: d for run in runs for p, d in run.inputs.items()},
+    }
+
+
+def _fmt(value, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+_VERDICT_TEXT = {
+    "coincide": "coincide: the learning curves agree within the pre-registered margin",
+    "differ": "differ — the environment changed the data (a correctness finding that outranks "
+    "any speed result)",
+    "inconclusive": "inconclusive: too few held-out episodes to tell at this margin",
+}
+
+
+def render_markdown(outcome: dict) -> str:
+    t = outcome["target"]
+    lines = [
+        f"# Outcome: {outcome['experiment_id']}",
+        "",
+        f"**Question.** {outcome['question']}",
+        "",
+        f"**Target.** {t['metric']} ≥ {t['threshold']} (pre-registered).",
+        "",
+        "## Learning curves: do the arms coincide?",
+        "",
+    ]
+    for check in outcome["coincidence"]:
+        verdict = _VERDICT_TEXT.get(check["verdict"], check["verdict"])
+        detail = (
+            f" Difference {check['candidate']} − {check['baseline']}: "
+            f"{check['difference']:+.3f}, {len(check['matched_valid_trajectories'])} matched "
+            f"checkpoints, interval [{check['interval'][0]:+.3f}, {check['interval'][1]:+.3f}], "
+            f"margin ±{check['margin']}."
+            if "difference" in check
+            else f" ({check.get('reason', '')})"
+        )
+        lines.append(f"- **{check['candidate']} vs {check['baseline']}: {verdict}.**{detail}")
+    lines += [
+        "",
+        "## Time to target",
+        "",
+        "| arm | seed | outcome | held-out | wall-clock | env cost | inference cost | valid used "
+        "| invalid discarded | stop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in outcome["runs"]:
+        if r["reached"]:
+            outcome_text = f"reached at {r['checkpoint']}" + (
+                " (upper bound)" if r["upper_bound"] else ""
+            )
+            rate, counters = r["heldout_success_rate"], r
+        else:
+            outcome_text = "never reached target"
+            rate, counters = r["final_heldout_success_rate"], r["budget_spent"]
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {outcome_text} | {_fmt(rate, digits=3)} "
+            f"| {_fmt(counters.get('wall_clock_s'), ' s')} "
+            f"| {_fmt(counters.get('env_cost_usd'), ' $', 5)} "
+            f"| {_fmt(counters.get('inference_cost_usd'), ' $', 5)} "
+            f"| {_fmt(counters.get('valid_trajectories'))} "
+            f"| {_fmt(counters.get('invalid_discarded'))} | {r['stop_reason'] or '–'} |"
+        )
+    lines += ["", "## Across seeds", ""]
+    for arm, summary in outcome["arms"].items():
+        lines.append(
+            f"- **{arm}**: reached target in {summary['reached']} of {summary['seeds']} seeds; "
+            f"{summary['variance']}."
+        )
+    lines += ["", "## Cost per valid rollout (environment)", ""]
+    for r in outcome["runs"]:
+        lines.append(
+            f"- {r['arm']} seed {r['seed']}: {_fmt(r['cost_per_valid_rollout_usd'], ' $', 7)}; "
+            f"held-out evaluation {_fmt(r['evaluation_wall_s'], ' s')}, "
+            f"{_fmt(r['evaluation_cost_usd'], ' $', 5)}"
+            + (
+                f", {r['unscored_evaluations']} checkpoint(s) not scored"
+                if r["unscored_evaluations"]
+                else ""
+            )
+        )
+    lines += ["", f"Pins (everything but arm and seed): `{outcome['comparable_sha256']}`", ""]
+    return "\n".join(lines)
