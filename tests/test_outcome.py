@@ -106,3 +106,16 @@ def test_several_seeds_give_a_spread(tmp_path):
     outcome = compute_outcome(runs, TARGET)
     assert outcome["arms"]["drums"]["seeds"] == 3
     assert outcome["arms"]["drums"]["time_to_target_s"]["mean"] == 64.0
+
+
+def test_curve_figures_are_written_for_both_views(tmp_path):
+    from analysis.figures import points, plot_curves
+
+    runs = [
+        Run.load(write_run(tmp_path / "runs", "restore", 1, [0.2, 0.5], 2.0)),
+        Run.load(write_run(tmp_path / "runs", "drums", 1, [0.25, 0.5], 1.0)),
+    ]
+    assert [p[:2] for p in points(runs[1], "valid_trajectories")] == [(32, 0.25), (64, 0.5)]
+    for view in ("valid", "wallclock"):
+        out = plot_curves(runs, 0.5, tmp_path / f"{view}.png", view)
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
