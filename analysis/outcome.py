@@ -230,3 +230,55 @@ def render_markdown(outcome: dict) -> str:
         )
     lines += ["", f"Pins (everything but arm and seed): `{outcome['comparable_sha256']}`", ""]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from analysis.figures import plot_curves
+    from envab import preregistration
+    from envab.config import ConfigError
+    from envab.io import atomic_write_json, atomic_write_text
+    from envab.receipts import subject, write_receipt
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.outcome", description=__doc__)
+    parser.add_argument("--target", required=True, help="preregistration/target.yaml")
+    parser.add_argument("--runs", nargs="+", required=True, help="results/<exp>/<arm>/seed<k>")
+    parser.add_argument("--out", required=True, help="results/<exp>")
+    parser.add_argument("--receipts", required=True, help="receipts/<exp>")
+    parser.add_argument("--depends-on", nargs="*", default=[], help="receipts this one builds on")
+    args = parser.parse_args(argv)
+    try:
+        target = preregistration.check_frozen(args.target)
+        runs = [Run.load(r) for r in args.runs]
+        outcome = compute_outcome(runs, target.raw)
+    except (ConfigError, NotComparable, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    figures = [
+        plot_curves(runs, target.threshold, out / "figures" / f"curves_{view}.png", view)
+        for view in ("valid", "wallclock")
+    ]
+    atomic_write_json(out / "outcome.json", outcome)
+    atomic_write_text(out / "outcome.md", render_markdown(outcome))
+    write_receipt(
+        Path(args.receipts) / "outcome.json",
+        "outcome",
+        subjects=[subject(out / "outcome.json"), subject(out / "outcome.md")]
+        + [subject(f) for f in figures]
+        + [subject(p, d) for p, d in sorted(outcome["inputs"].items())],
+        predicate={
+            "experiment_id": outcome["experiment_id"],
+            "coincidence": [c["verdict"] for c in outcome["coincidence"]],
+            "reached": {f"{r['arm']}/seed{r['seed']}": r["reached"] for r in outcome["runs"]},
+        },
+        depends_on=args.depends_on,
+    )
+    print((out / "outcome.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
