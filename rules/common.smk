@@ -6,7 +6,8 @@ import sys
 from snakemake.utils import validate
 
 from envab import preregistration
-from envab.config import ConfigError, Target, check_config, check_schema, selected_runs, CONFIG_SCHEMA
+from envab.config import CONFIG_SCHEMA, ConfigError, Target, check_config, check_schema, selected_runs
+from envab.hashing import sha256_file
 
 
 def _refuse_literal_selection():
@@ -34,6 +35,8 @@ except ConfigError as e:
     sys.exit(f"env-ab: {e}")
 
 EXP = TARGET.experiment_id
+# A read-only projection of the frozen target for the report's workflow description.
+config["preregistered"] = {**TARGET.raw, "sha256": sha256_file(config["preregistration"])}
 RESULTS = f"results/{EXP}"
 RECEIPTS = f"receipts/{EXP}"
 LOGS = f"logs/{EXP}"
