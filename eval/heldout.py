@@ -171,6 +171,33 @@ def evaluate(policy: Policy, backend, tasks: list[dict], protocol: Protocol, log
     }
 
 
+def track(record: dict, checkpoint: Path, target, target_path: str) -> None:
+    """One wandb run per evaluation: the held-out point at this checkpoint's valid count."""
+    from envab.hashing import sha256_file
+    from envab.tracking import start_run
+
+    run_dir = checkpoint.parent.parent
+    pins = json.loads((run_dir / "pins.json").read_text())
+    counts = {
+        r["checkpoint"]: r["valid_trajectories"] for r in read_jsonl(run_dir / "checkpoints.jsonl")
+    }
+    run = start_run(
+        "eval",
+        target.experiment_id,
+        pins["arm"],
+        pins["seed"],
+        sha256_file(target_path),
+        {"protocol": record["protocol"], "backend": record["backend"]},
+        results=run_dir.parent.parent,
+        checkpoint=record["checkpoint"],
+    )
+    point = {"valid_trajectories": counts.get(record["checkpoint"])}
+    if record["scored"]:
+        point["heldout/success_rate"] = record["success_rate"]
+    run.log({**point, "heldout/invalid": record["invalid"], "heldout/wall_s": record["wall_s"]})
+    run.finish()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m eval.heldout", description=__doc__.split("\n")[0]
@@ -219,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         + policy.generation_s / 3600 * prices["inference_usd_per_hour"],
     }
     atomic_write_json(args.out, record)
+    track(record, Path(args.checkpoint), target, args.target)
     rate = "not scored" if not record["scored"] else f"{record['success_rate']:.3f}"
     print(
         f"eval {record['checkpoint']}: held-out success {rate} over {record['episodes']} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+os.environ["WANDB_MODE"] = "disabled"  # no wandb files or processes from tests (inherited by jobs)
 # What a workflow run needs from the repository (code pins hash these paths too).
 WORKFLOW_PATHS = [
     "Snakefile",

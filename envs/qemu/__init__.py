@@ -4,10 +4,19 @@
     with QemuPool(QemuConfig(vms=2)) as pool, pool.create(task) as session:
         ...
 
-The guest is built (and cached) by `python -m envs.qemu.image`; see envs/qemu/image.py.
+The guest is built (and cached) by `python -m envs.qemu build`; see envs/qemu/image.py.
 """
 
-from envs.qemu.image import GuestRecord, ImageConfig, ensure_guest
-from envs.qemu.pool import QemuConfig, QemuPool, QemuSession
-
 __all__ = ["GuestRecord", "ImageConfig", "QemuConfig", "QemuPool", "QemuSession", "ensure_guest"]
+
+_HOME = {"GuestRecord": "image", "ImageConfig": "image", "ensure_guest": "image",
+         "QemuConfig": "pool", "QemuPool": "pool", "QemuSession": "pool"}
+
+
+def __getattr__(name: str):
+    # Lazy, so `python -m envs.qemu.image` runs without the package importing it first.
+    if name in _HOME:
+        import importlib
+
+        return getattr(importlib.import_module(f"envs.qemu.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'envs.qemu' has no attribute {name!r}")
