@@ -14,9 +14,11 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/freeze.smk"
+include: "rules/train.smk"
 
 
 rule all:
     input:
         all_inputs(),
+        train_outputs(),
     default_target: True

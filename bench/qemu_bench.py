@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -100,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             results["accel"] = pool.guest.accel
             results["guest_image"] = pool.guest.image_digest
             results["latency"][memory] = latency(pool, tasks, oracle, args.restores)
+            results["latency"][memory]["load"] = os.getloadavg()[0]
         print(f"latency at {memory} MiB done", file=sys.stderr, flush=True)
     for vms in args.vms:
         config = QemuConfig(vms=vms, memory_mib=args.memory[0], cache=args.cache,
                             step_timeout_s=30.0)
         with QemuPool(config) as pool:
             results["rollouts"][vms] = rollouts(pool, tasks, oracle, args.seconds)
+            results["rollouts"][vms]["load"] = os.getloadavg()[0]
         print(f"rollouts at {vms} VMs done", file=sys.stderr, flush=True)
     print(render(results, args.memory[0]))
     if args.out:
@@ -115,17 +118,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(results: dict, memory: int) -> str:
     lines = [f"QEMU pool ({results['accel']}, guest {results['guest_image'][:12]})", "",
-             "| memory | loadvm ms (median / p95) | create ms | step ms |",
-             "|---|---|---|---|"]
+             "| memory | loadvm ms (median / p95) | create ms | step ms | load (1 min) |",
+             "|---|---|---|---|---|"]
     for mem, lat in results["latency"].items():
         cells = [f"{m:.0f} / {q:.0f}" for m, q in (summary(lat[k]) for k in
                                                   ("loadvm", "create", "step"))]
-        lines.append(f"| {mem} MiB | " + " | ".join(cells) + " |")
+        lines.append(f"| {mem} MiB | " + " | ".join(cells) + f" | {lat['load']:.1f} |")
     lines += ["", f"| VMs ({memory} MiB) | valid rollouts | invalid | wall s | "
-                  "valid rollouts / host-hour |", "|---|---|---|---|---|"]
+                  "valid rollouts / host-hour | load (1 min) |", "|---|---|---|---|---|---|"]
     for vms, r in results["rollouts"].items():
         lines.append(f"| {vms} | {r['valid']} | {r['invalid']} | {r['wall_s']:.0f} | "
-                     f"{r['per_host_hour']:.0f} |")
+                     f"{r['per_host_hour']:.0f} | {r['load']:.1f} |")
+    lines += ["", f"{os.cpu_count()} host cores; load is the host's 1-minute load average at "
+                  "the end of each cell (other work on the host slows TCG)."]
     return "\n".join(lines)
 
 

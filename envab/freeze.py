@@ -81,6 +81,7 @@ def cmd_code(args) -> None:
         "code",
         subjects=[subject(path, digest) for path, digest in sorted(files.items())],
         predicate={
+            "patterns": json.loads(args.groups),
             "groups": groups,
             "sha256": aggregate_digest(files),
             "source": repo_commit(),

@@ -36,6 +36,12 @@ def test_changed_code_is_refused_by_name(frozen):
         check_receipts(frozen.root / RECEIPTS, frozen.root)
 
 
+def test_a_file_added_after_freezing_is_refused(frozen):
+    (frozen.root / "trainer" / "shortcut.py").write_text("REWARD = 1.0\n")
+    with pytest.raises(GuardError, match="trainer/shortcut.py"):
+        check_code(frozen.root / RECEIPTS, frozen.root)
+
+
 def test_pins_made_against_other_receipts_are_refused(frozen):
     pins_path = frozen.root / PINS
     pins = json.loads(pins_path.read_text())

@@ -109,7 +109,7 @@ def test_several_seeds_give_a_spread(tmp_path):
 
 
 def test_curve_figures_are_written_for_both_views(tmp_path):
-    from analysis.figures import points, plot_curves
+    from analysis.figures import plot_curves, points
 
     runs = [
         Run.load(write_run(tmp_path / "runs", "restore", 1, [0.2, 0.5], 2.0)),

@@ -1,7 +1,8 @@
 """The QEMU warm-snapshot arm against real QEMU (TCG on machines without hardware KVM).
 
-One cached guest image and one VM for the whole module. Cold (no image under build/qemu, or
-ENVAB_QEMU_CACHE): the guest is built first, a few minutes and root needed. Warm: about a minute.
+One cached guest image and one VM for the whole module. Cold (no guest under build/qemu, or
+under ENVAB_QEMU_CACHE): the guest is built first, about 4-5 minutes on a 2-core machine with
+its downloads, and it needs root, debootstrap and the network. Warm (cached): 40-60 s under TCG.
 The tests of pure parts (acceleration choice, coordinates, keys, missing tools) need no QEMU.
 """
 
@@ -9,12 +10,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
+from envab.hashing import sha256_bytes
 from envs.desktop.actions import TYPABLE
 from envs.protocol import ForkUnsupported, Gate, Verdict
 from envs.qemu.accel import detect
@@ -73,6 +79,23 @@ def test_a_missing_tool_is_one_line_naming_its_debian_package(tmp_path, monkeypa
     ]
 
 
+@needs_qemu
+def test_a_build_without_debootstrap_stops_with_one_line_naming_it(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("qemu-system-x86_64", "qemu-img"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    result = subprocess.run(
+        [sys.executable, "-m", "envs.qemu.image", "--cache", str(tmp_path / "cache")],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PATH": str(tools)},
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "envs.qemu.image: debootstrap not found: install the Debian package debootstrap"
+    )
+    assert not list((tmp_path / "cache").glob("images/*/root.qcow2"))
+
+
 # --- real QEMU -------------------------------------------------------------------------------
 
 
@@ -98,30 +121,49 @@ def test_twenty_restores_each_give_back_the_saved_desktop(pool, taskset):
         vm.loadvm("warm")
         hello = vm.call("hello", timeout=20.0)
         assert hello["state_sha256"] == pool.guest.blank_state_sha256, f"restore {i}"
+        screen = vm.screendump().crop((0, 0, *hello["screen"])).convert("RGB")
+        assert sha256_bytes(screen.tobytes()) == pool.guest.blank_frame_sha256, f"restore {i}"
         # dirty it, so the next restore has something to undo
         dirty = vm.call("setup", timeout=20.0, config=tasks[i % len(tasks)]["config"])
         assert dirty["state_sha256"] != pool.guest.blank_state_sha256
 
 
+def twin_episodes(tasks, solutions):
+    """Every oracle, the near misses with the rarer actions, and a field typed with shift and
+    punctuation: (task, actions) pairs that cover every computer_13 kind the desktop has."""
+    rare = {"DOUBLE_CLICK", "PRESS", "SCROLL"}
+    for task in tasks:
+        sol = solutions[task["id"]]
+        yield task, sol["oracle"]
+        for miss in sol["near_misses"]:
+            if rare & {a["action_type"] for a in miss["actions"]}:
+                yield task, miss["actions"]
+    task = next(t for t in tasks if t["id"].startswith("type_field"))
+    click = solutions[task["id"]]["oracle"][0]
+    yield task, [click, {"action_type": "TYPING", "parameters": {"text": "aZ9 ,.-!?_~"}},
+                 {"action_type": "PRESS", "parameters": {"key": "backspace"}},
+                 {"action_type": "DONE", "parameters": {}}]
+
+
 @needs_qemu
-def test_oracle_play_matches_the_in_process_desktop_state_and_pixels(pool, taskset):
-    """Every family's oracle, step by step: same state hash and identical pixels as Desktop."""
+def test_play_matches_the_in_process_desktop_state_and_pixels(pool, taskset):
+    """Step by step, the VM's state hash and screendump equal an in-process Desktop's."""
     tasks, solutions = taskset
     local = LocalBackend()
     kinds = set()
-    for task in tasks:
+    for task, actions in twin_episodes(tasks, solutions):
         with pool.create(task) as vm_session, local.create(task) as twin:
             assert vm_session.valid, vm_session.observation.failed_gates
             assert vm_session.observation.state_sha256 == twin.observation.state_sha256
             assert vm_session.observation.screenshot.tobytes() == \
                 twin.observation.screenshot.tobytes()
-            for action in solutions[task["id"]]["oracle"]:
+            for action in actions:
                 kinds.add(action["action_type"])
                 got, want = vm_session.step(action), twin.step(action)
                 assert got.valid, (task["id"], action, got.failed_gates)
                 assert got.state_sha256 == want.state_sha256, (task["id"], action)
                 assert got.screenshot.tobytes() == want.screenshot.tobytes(), (task["id"], action)
-    assert {"CLICK", "TYPING"} <= kinds
+    assert kinds == {"CLICK", "DOUBLE_CLICK", "TYPING", "PRESS", "SCROLL", "DONE"}
 
 
 @needs_qemu
@@ -158,6 +200,11 @@ def test_gates_make_attempts_invalid_and_the_vm_serves_the_next_one(pool, taskse
         stale = session.step(solutions[task["id"]]["oracle"][0], generation=0)
         assert stale.verdict == Verdict.STALE_GENERATION
         assert session.verify().failed_gates == (Gate.GENERATION,)
+    with pool.create(task) as session:
+        assert session.step({"action_type": "DONE", "parameters": {}}).done
+        with pytest.raises(ValueError, match="already ended"):
+            session.step(solutions[task["id"]]["oracle"][0])
+        assert session.generation == 1 and session.verify().valid
 
 
 @needs_qemu
@@ -176,3 +223,61 @@ def test_a_dead_vm_is_invalid_then_replaced(pool, taskset):
     with pool.create(task) as session:
         assert session.valid
         assert slot.launches == launches + 1
+
+
+@needs_qemu
+def test_input_the_guest_reads_differently_makes_the_episode_invalid(pool, taskset, monkeypatch):
+    import envs.qemu.inputs
+
+    tasks, solutions = taskset
+    task = next(t for t in tasks if t["id"].startswith("click_button"))
+    true_abs = envs.qemu.inputs.to_abs
+    monkeypatch.setattr(envs.qemu.inputs, "to_abs", lambda px, span: true_abs(px + 1, span))
+    with pool.create(task) as session:
+        obs = session.step(solutions[task["id"]]["oracle"][0])
+        assert obs.failed_gates == (Gate.WORKER_ALIVE,)
+        result = session.verify()
+        assert result.score is None and "the guest read" in result.audit["failure"]
+
+
+@needs_qemu
+def test_a_blank_screen_is_invalid(pool, taskset, monkeypatch):
+    tasks, solutions = taskset
+    task = tasks[0]
+    with pool.create(task) as session:
+        black = Image.new("RGB", (640, 480))
+        monkeypatch.setattr(session.slot.vm, "screendump", lambda timeout=None: black)
+        obs = session.step(solutions[task["id"]]["oracle"][0])
+        assert obs.verdict == Verdict.BLANK_SCREEN
+        assert obs.failed_gates == (Gate.SCREEN_NOT_BLANK,) and obs.screenshot is None
+
+
+@needs_qemu
+def test_a_stalled_vm_times_out_and_is_replaced(pool, taskset, monkeypatch):
+    tasks, solutions = taskset
+    task = tasks[0]
+    monkeypatch.setattr(pool, "config", replace(pool.config, step_timeout_s=2.0))
+    slot = pool.slots[0]
+    with pool.create(task) as session:
+        launches = slot.launches
+        os.kill(slot.vm.proc.pid, signal.SIGSTOP)  # QEMU stops answering anything
+        t0 = time.monotonic()
+        obs = session.step(solutions[task["id"]]["oracle"][0])
+        assert obs.verdict == Verdict.TIMEOUT and obs.failed_gates == (Gate.STEP_TIMEOUT,)
+        assert time.monotonic() - t0 < 5.0
+    with pool.create(task) as session:
+        assert session.valid and slot.launches == launches + 1
+
+
+@needs_qemu
+def test_sessions_open_at_once_get_a_vm_each_up_to_max_vms(pool, taskset, monkeypatch):
+    """Last in the module: it starts a second VM. TRL opens a whole generation batch at once."""
+    tasks, _ = taskset
+    monkeypatch.setattr(pool, "config", replace(pool.config, max_vms=2, vm_wait_s=0.5))
+    with pool.create(tasks[0]) as first, pool.create(tasks[1]) as second:
+        assert first.valid and second.valid
+        assert first.vm_name != second.vm_name
+        assert second.observation.state_sha256 == tasks[1]["evaluator"]["initial_state_sha256"]
+        with pytest.raises(RuntimeError, match="raise max_vms"):
+            pool.create(tasks[2])
+    assert len(pool.slots) == 2

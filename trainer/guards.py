@@ -31,18 +31,17 @@ def check_receipts(receipts: str | Path, root: str | Path = ".") -> None:
 
 
 def check_code(receipts: str | Path, root: str | Path = ".") -> None:
-    frozen = read_receipt(Path(receipts) / "code.json")["predicate"]["groups"]
-    patterns = {g: sorted(v["files"]) for g, v in frozen.items()}
+    """Re-expand the frozen glob patterns: an edited, removed or added file is refused."""
+    predicate = read_receipt(Path(receipts) / "code.json")["predicate"]
     try:
-        now = codepins.pin_groups(patterns, root)
+        now = codepins.pin_groups(predicate["patterns"], root)
     except FileNotFoundError as e:
         raise GuardError(f"frozen code is missing: {e}") from None
-    changed = sorted(
-        path
-        for group in frozen
-        for path, digest in frozen[group]["files"].items()
-        if now[group]["files"].get(path) != digest
-    )
+    frozen, current = predicate["groups"], {}
+    for group in frozen:
+        current.update(now[group]["files"])
+    before = {p: d for g in frozen.values() for p, d in g["files"].items()}
+    changed = sorted(p for p in before.keys() | current.keys() if before.get(p) != current.get(p))
     if changed:
         raise GuardError(
             f"code changed since the experiment was frozen: {', '.join(changed[:5])}; "

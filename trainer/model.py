@@ -9,9 +9,10 @@ Two sources, one manifest check, one loading path:
 Either way the model folder is compared file by file against a sha256 manifest before it is used,
 and loaded through `AutoModelForImageTextToText` / `AutoProcessor` from local files only.
 
-Manifest rule: every regular file under the model folder counts, except the top-level `.cache/`
-folder that `snapshot_download(local_dir=...)` keeps for its own bookkeeping (download metadata,
-not model content). Nothing else is ignored.
+Manifest rule: every regular file under the model folder counts, except two top-level pieces of
+bookkeeping: the `.cache/` folder that `snapshot_download(local_dir=...)` keeps (download
+metadata) and the `.snakemake_timestamp` file Snakemake adds to a directory() output. Nothing
+else is ignored.
 
 CLI:
     python -m trainer.model build --source builtin:tiny-qwen3-vl --tasks tasks.jsonl --out DIR
@@ -41,7 +42,11 @@ from trainer.tiny_model import TinySpec
 
 HUB_SCHEME = "hf://"
 COMMIT = re.compile(r"[0-9a-f]{40}")
-HUB_BOOKKEEPING = ".cache"  # the one ignored path: snapshot_download's folder inside local_dir
+# Bookkeeping that tools drop into a model folder, never model content, and the only paths left out
+# of a manifest: snapshot_download's `.cache/` inside local_dir, and the `.snakemake_timestamp`
+# Snakemake writes into every directory() output after the job (so after the receipt) is done.
+HUB_BOOKKEEPING = ".cache"
+SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"
 # Public records give this commit for the GPU configuration; `pin` confirms it where the hub is
 # reachable (not confirmed from a machine without hub access).
 QWEN3_VL_4B = "hf://Qwen/Qwen3-VL-4B-Instruct@ebb281ec70b05090aa6165b016eac8ec08e71b17"
@@ -220,7 +225,11 @@ def model_manifest(model_dir: str | Path) -> dict[str, str]:
     if not model_dir.is_dir():
         raise ModelPinError(f"model folder {model_dir} does not exist")
     manifest = file_manifest(model_dir)
-    return {p: h for p, h in manifest.items() if p.split("/", 1)[0] != HUB_BOOKKEEPING}
+    return {
+        p: h
+        for p, h in manifest.items()
+        if p.split("/", 1)[0] != HUB_BOOKKEEPING and p != SNAKEMAKE_TIMESTAMP
+    }
 
 
 def manifest_problems(actual: dict[str, str], expected: dict[str, str]) -> dict[str, list[str]]:

@@ -39,7 +39,7 @@ from envab.io import atomic_write_json
 from envs.desktop import Desktop
 from envs.qemu.accel import choose
 from envs.qemu.tools import ToolMissing, require
-from envs.qemu.vm import VM, AgentError, AgentTimeout, VMSpec
+from envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied, VMSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
@@ -250,9 +250,10 @@ def build_image(rootfs: Path, out: Path) -> dict:
 # --- stage 3: warm snapshot ------------------------------------------------------------------
 
 
-def warm_inputs(image_digest: str, config: ImageConfig, accel: str) -> dict:
-    return {"image": image_digest, "memory_mib": config.memory_mib, "accel": accel,
-            "qemu": qemu_version(), "vm": sha256_file(REPO / "envs/qemu/vm.py")}
+def warm_inputs(image_digest: str, spec: VMSpec) -> dict:
+    """A snapshot loads only into the same machine: same QEMU, memory and devices."""
+    return {"image": image_digest, "memory_mib": spec.memory_mib, "accel": spec.accel,
+            "qemu": qemu_version(), "vm": spec.definition()}
 
 
 def build_warm(spec: VMSpec, warm: Path) -> dict:
@@ -277,12 +278,13 @@ def build_warm(spec: VMSpec, warm: Path) -> dict:
             shown = vm.screendump().crop((0, 0, w, h))
             if sha256_bytes(shown.convert("RGB").tobytes()) != expected_frame:
                 raise BuildError("the guest's screen does not show the desktop it drew")
+            vm.guest_sync(timeout=60.0)  # qemu-guest-agent is up too
             vm.call("settle", timeout=60.0)
             time.sleep(1.0)  # let the guest go idle after dropping caches
             t1 = time.monotonic()
             vm.savevm("warm")
             save_s = time.monotonic() - t1
-        except (AgentError, AgentTimeout, OSError) as e:
+        except (AgentError, AgentTimeout, VMDied, OSError) as e:
             raise BuildError(f"warm boot: {e} (console: {_console_tail(Path(tmp))})") from None
         finally:
             vm.quit()
@@ -365,7 +367,10 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     base = json.loads(base_record.read_text()) if base_record.is_file() else {}
     image = json.loads(image_record.read_text())
 
-    winputs = warm_inputs(image_digest, config, accel.mode)
+    spec = VMSpec(root=image_dir / "root.qcow2", kernel=image_dir / "vmlinuz",
+                  initrd=image_dir / "initrd.img", memory_mib=config.memory_mib,
+                  accel=accel.mode)
+    winputs = warm_inputs(image_digest, spec)
     warm_digest = sha256_json(winputs)
     stem = f"warm-{config.memory_mib}-{accel.mode}"
     warm_path, warm_json = image_dir / f"{stem}.qcow2", image_dir / f"{stem}.json"
@@ -373,9 +378,6 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
         warm = json.loads(warm_json.read_text())
     else:
         building(f"warm snapshot {stem}: boot under {accel.mode}, wait for the desktop, savevm")
-        spec = VMSpec(root=image_dir / "root.qcow2", kernel=image_dir / "vmlinuz",
-                      initrd=image_dir / "initrd.img", memory_mib=config.memory_mib,
-                      accel=accel.mode)
         t0 = time.monotonic()
         tmp = warm_path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)

@@ -52,17 +52,21 @@ from envs.tasks.checkers import check
 log = logging.getLogger("envs.qemu")
 
 SCREEN_POLL_S = 0.005
+LAUNCH_SYNC_S = 60.0
 
 
 @dataclass(frozen=True)
 class QemuConfig:
-    vms: int = 1
+    vms: int = 1  # started with the pool
+    max_vms: int | None = None  # more are started when sessions need them; default: vms
     memory_mib: int = 256
     accel: str = "auto"  # auto | kvm | tcg
     cache: Path = Path("build/qemu")
     build: bool = True  # build the guest when it is not cached (minutes), else refuse
     step_timeout_s: float = 10.0
     create_timeout_s: float = 30.0
+    screen_wait_s: float = 2.0  # how long the display may lag the agent's redraw
+    vm_wait_s: float = 60.0  # how long create waits for a VM when max_vms are all held
     run_dir: Path | None = None  # where VM sockets and logs go; a temporary folder by default
 
     @classmethod
@@ -77,10 +81,17 @@ class QemuConfig:
             settings["cache"] = Path(settings["cache"])
         return cls(**settings)
 
+    @property
+    def ceiling(self) -> int:
+        return self.vms if self.max_vms is None else self.max_vms
+
     def __post_init__(self):
         if not 1 <= self.vms <= 64:
             raise ValueError(f"vms must be 1..64, got {self.vms}")
-        if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
+        if not self.vms <= self.ceiling <= 64:
+            raise ValueError(f"max_vms must be vms..64, got {self.max_vms}")
+        if min(self.step_timeout_s, self.create_timeout_s, self.screen_wait_s,
+               self.vm_wait_s) <= 0:
             raise ValueError("timeouts must be positive")
 
 
@@ -114,6 +125,7 @@ class PooledVM:
         shutil.copyfile(self.guest.path("warm", self.cache), warm)
         self.vm = VM(self.guest.spec(self.cache), warm, self.run_dir)
         self.vm.launch(loadvm="warm")
+        self.vm.guest_sync(timeout=LAUNCH_SYNC_S)  # the restored guest's OS answers
         self.launches += 1
         self.broken = False
 
@@ -126,7 +138,9 @@ class PooledVM:
 class QemuSession(Session):
     def __init__(self, pool: QemuPool, slot: PooledVM, task: Mapping, env_id: str):
         self.pool, self.slot, self.task, self.env_id = pool, slot, task, env_id
+        self.vm_name = slot.name
         self.failed_gates: list[str] = []
+        self.failure: str | None = None  # why the first gate failed, for the audit
         self.status = "running"
         self.steps = 0
         self.timings: dict[str, float | list[float]] = {"step_s": []}
@@ -144,11 +158,14 @@ class QemuSession(Session):
     # --- reset --------------------------------------------------------------------------------
 
     def _reset(self) -> Image.Image:
-        vm, cfg = self.slot.vm, self.pool.config
+        cfg = self.pool.config
+        with self._gated(Gate.WORKER_ALIVE):
+            self.slot.ensure_running()  # a replaced VM starts here, restored from `warm`
+            vm = self.slot.vm
         deadline = time.monotonic() + cfg.create_timeout_s
         t0 = time.perf_counter()
         with self._gated(Gate.WORKER_ALIVE):
-            vm.loadvm("warm")
+            vm.loadvm("warm", timeout=_left(deadline))
             t1 = time.perf_counter()
             hello = vm.call("hello", timeout=_left(deadline))
         if hello["state_sha256"] != self.pool.guest.blank_state_sha256:
@@ -186,10 +203,13 @@ class QemuSession(Session):
         try:
             with self._gated(Gate.WORKER_ALIVE):
                 for batch in framed.batches:
-                    vm.send_input(batch)
+                    vm.send_input(batch, timeout=_left(deadline))
                 reply = vm.call("act", timeout=_left(deadline), **framed.frame)
             if "rejected" in reply:  # the agent's desktop refused it: nothing changed
                 raise ValueError(reply["rejected"])
+            read = parse_action(reply["action"], *self.screen)
+            if read != parsed:  # the virtual devices delivered something else
+                raise GateFailed(Gate.WORKER_ALIVE, f"the guest read {read} for {parsed}")
             shot = self._screen(reply["frame_sha256"], deadline)
         except GateFailed as e:
             return self._fail(e.gate, self.generation, str(e))
@@ -204,19 +224,19 @@ class QemuSession(Session):
 
     def verify(self) -> Verification:
         audit = {"env_id": self.env_id, "task": self.task["id"], "backend": "qemu",
-                 "vm": self.slot.name, "accel": self.pool.guest.accel,
+                 "vm": self.vm_name, "accel": self.pool.guest.accel,
                  "guest_image": self.pool.guest.image_digest,
                  "warm_snapshot": self.pool.guest.warm_digest,
                  "generation": self.generation, "steps": self.steps}
         if self.failed_gates:
-            return Verification.invalid(self.failed_gates, **audit)
+            return Verification.invalid(self.failed_gates, failure=self.failure, **audit)
         self._open()
         try:
             with self._gated(Gate.WORKER_ALIVE):
                 reply = self.slot.vm.call("state", timeout=self.pool.config.step_timeout_s)
         except GateFailed as e:
             self._fail(e.gate, self.generation, str(e))
-            return Verification.invalid(self.failed_gates, **audit)
+            return Verification.invalid(self.failed_gates, failure=self.failure, **audit)
         audit["state_sha256"] = reply["state_sha256"]
         try:
             score = check(self.task["evaluator"], reply["state"])
@@ -238,9 +258,11 @@ class QemuSession(Session):
     def _screen(self, frame_sha256: str, deadline: float) -> Image.Image:
         """Screendump until the display shows the frame the agent drew (it may lag a little)."""
         w, h = self.screen
+        deadline = min(deadline, time.monotonic() + self.pool.config.screen_wait_s)
         with self._gated(Gate.WORKER_ALIVE):
             while True:
-                shot = self.slot.vm.screendump().crop((0, 0, w, h)).convert("RGB")
+                shot = self.slot.vm.screendump(_left(deadline)).crop((0, 0, w, h))
+                shot = shot.convert("RGB")
                 if sha256_bytes(shot.tobytes()) == frame_sha256:
                     break
                 if time.monotonic() > deadline:
@@ -257,7 +279,8 @@ class QemuSession(Session):
 
     def _fail(self, gate: Gate, generation: int, reason: str) -> Observation:
         self.failed_gates.append(str(gate))
-        log.warning("%s (%s): gate %s failed: %s", self.env_id, self.slot.name, gate, reason)
+        self.failure = reason
+        log.warning("%s (%s): gate %s failed: %s", self.env_id, self.vm_name, gate, reason)
         if gate in (Gate.WORKER_ALIVE, Gate.STEP_TIMEOUT):
             self.slot.broken = True  # wedged or dead: replace it rather than trust a restore
         self.observation = Observation(generation, None, False, verdict_for(self.failed_gates),
@@ -293,7 +316,12 @@ def _left(deadline: float) -> float:
 
 
 class QemuPool(Backend):
-    """N VMs restored from one warm snapshot; `create` blocks until one is free."""
+    """VMs restored from one warm snapshot, one per open session.
+
+    `vms` start with the pool; while every VM is held, `create` starts another, up to `max_vms`;
+    past that it waits for a session to close (vm_wait_s), then raises: a caller that keeps
+    more sessions open than VMs (TRL resets a whole generation batch first) needs a larger
+    max_vms, never a silent deadlock."""
 
     can_fork = False
 
@@ -310,12 +338,17 @@ class QemuPool(Backend):
             run_root = Path(self._tmp.name)
         else:
             run_root = config.run_dir
+        self._run_root = run_root
         self.slots = [PooledVM(i, guest, config.cache, run_root) for i in range(config.vms)]
         self._free: queue.Queue[PooledVM] = queue.Queue()
         self._count = 0
         self._lock = threading.Lock()
-        with ThreadPoolExecutor(max_workers=config.vms) as ex:
-            list(ex.map(PooledVM.ensure_running, self.slots))
+        try:
+            with ThreadPoolExecutor(max_workers=config.vms) as ex:
+                list(ex.map(PooledVM.ensure_running, self.slots))
+        except BaseException:
+            self.close()  # no VM outlives a pool that failed to start
+            raise
         for slot in self.slots:
             self._free.put(slot)
 
@@ -324,24 +357,38 @@ class QemuPool(Backend):
             if key not in task:
                 raise ValueError(f"task has no {key!r}")
         screen_of(task["config"])  # a task without a screen step is the caller's error
-        slot = self._free.get()
-        try:
-            slot.ensure_running()
-        except (VMDied, OSError):
-            slot.broken = True
-            self._free.put(slot)
-            raise
+        slot = self._acquire()
         with self._lock:
             self._count += 1
             env_id = f"qemu-{slot.name}-{self._count}"
         return QemuSession(self, slot, task, env_id)
+
+    def _acquire(self) -> PooledVM:
+        """A free VM; a new one (launched by the session) while fewer than max_vms exist."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if len(self.slots) < self.config.ceiling:
+                slot = PooledVM(len(self.slots), self.guest, self.config.cache, self._run_root)
+                self.slots.append(slot)
+                return slot
+        try:
+            return self._free.get(timeout=self.config.vm_wait_s)
+        except queue.Empty:
+            raise RuntimeError(
+                f"all {len(self.slots)} VMs are held by open sessions for "
+                f"{self.config.vm_wait_s:.0f} s: close sessions, or raise max_vms to the "
+                "number of sessions open at once (a GRPO generation batch)") from None
 
     def _release(self, slot: PooledVM) -> None:
         self._free.put(slot)
 
     def describe(self) -> dict:
         """What a receipt says about this arm."""
-        return {"backend": "qemu", "vms": self.config.vms, "memory_mib": self.guest.memory_mib,
+        return {"backend": "qemu", "vms": len(self.slots), "max_vms": self.config.ceiling,
+                "memory_mib": self.guest.memory_mib,
                 "accel": self.guest.accel, "accel_reason": self.guest.accel_reason,
                 "qemu": self.guest.qemu_version, "guest_image": self.guest.image_digest,
                 "warm_snapshot": self.guest.warm_digest,

@@ -1,4 +1,7 @@
-"""One QEMU virtual machine: its process, its QMP monitor and its desktop agent's channel.
+"""One QEMU virtual machine: its process, its QMP monitor and its two guest channels.
+
+The desktop agent's channel (virtio-serial, JSON lines) carries set-up, action frames and state
+read-back; qemu-guest-agent's (`guest-sync`) shows the guest's OS answers after a restore.
 
 The guest's root disk is shared and read-only; a small per-VM qcow2 that the guest never sees
 (a `-blockdev` with no device) holds the internal snapshot `warm`: QEMU keeps vmstate only on
@@ -25,6 +28,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from envs.qemu.tools import require
 
 AGENT_PORT = "org.envab.desktop.0"
+QGA_PORT = "org.qemu.guest_agent.0"
 FB_SIZE = (640, 480)  # the virtual display; the desktop is drawn at its top-left corner
 KERNEL_ARGS = (
     "root=/dev/vda ro rootfstype=ext4 console=ttyS0 quiet loglevel=3 "
@@ -56,6 +60,14 @@ class VMSpec:
     memory_mib: int = 256
     accel: str = "tcg"
 
+    def definition(self) -> list[str]:
+        """The QEMU command line with neutral paths: what a warm snapshot is bound to."""
+        args = self.args(Path("warm.qcow2"), Path("run"))
+        return ["qemu-system-x86_64", *(a.replace(str(self.root), "root.qcow2")
+                                        .replace(str(self.kernel), "vmlinuz")
+                                        .replace(str(self.initrd), "initrd.img")
+                                        for a in args[1:])]
+
     def args(self, warm: Path, run_dir: Path) -> list[str]:
         qemu = require("qemu-system-x86_64")
         xres, yres = FB_SIZE
@@ -71,47 +83,77 @@ class VMSpec:
             "-device", "virtio-serial-pci",
             "-chardev", f"socket,id=desk,path={run_dir / 'agent.sock'},server=on,wait=off",
             "-device", f"virtserialport,chardev=desk,name={AGENT_PORT}",
+            "-chardev", f"socket,id=qga,path={run_dir / 'qga.sock'},server=on,wait=off",
+            "-device", f"virtserialport,chardev=qga,name={QGA_PORT}",
             "-qmp", f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
             "-serial", f"file:{run_dir / 'console.log'}",
         ]
 
 
-class AgentChannel:
-    """JSON lines to and from the in-guest agent over virtio-serial; replies matched by id."""
+class LineChannel:
+    """JSON objects, one per line, over a unix socket to a virtio-serial port."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, what: str):
+        self.what = what
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(str(path))
         self.buffer = b""
         self.next_id = 0
 
-    def call(self, op: str, timeout: float, **fields) -> dict:
-        self.next_id += 1
-        rid = self.next_id
-        self.sock.sendall(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
-        deadline = time.monotonic() + timeout
+    def send(self, message: dict) -> None:
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def receive(self, wanted, deadline: float, waiting_for: str) -> dict:
+        """The first object for which `wanted(obj)` holds; older replies are dropped."""
         while True:
             while b"\n" in self.buffer:
                 line, self.buffer = self.buffer.split(b"\n", 1)
-                try:
-                    reply = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a partial line cut by a restore
-                if isinstance(reply, dict) and reply.get("id") == rid:
-                    if "error" in reply:
-                        raise AgentError(reply["error"])
+                try:  # 0xFF is qemu-ga's sync delimiter; a cut line is left over from a restore
+                    reply = json.loads(line.replace(b"\xff", b""))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    continue
+                if isinstance(reply, dict) and wanted(reply):
                     return reply
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AgentTimeout(f"agent did not answer {op!r} within {timeout:.1f} s")
+                raise AgentTimeout(f"{self.what} did not answer {waiting_for} in time")
             if select.select([self.sock], [], [], left)[0]:
                 chunk = self.sock.recv(65536)
                 if not chunk:
-                    raise VMDied("agent channel closed")
+                    raise VMDied(f"{self.what} channel closed")
                 self.buffer += chunk
 
     def close(self) -> None:
         self.sock.close()
+
+
+class AgentChannel(LineChannel):
+    """The desktop agent's requests and replies, matched by id."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, "desktop agent")
+
+    def call(self, op: str, timeout: float, **fields) -> dict:
+        self.next_id += 1
+        rid = self.next_id
+        self.send({"id": rid, "op": op, **fields})
+        reply = self.receive(lambda r: r.get("id") == rid, time.monotonic() + timeout, op)
+        if "error" in reply:
+            raise AgentError(reply["error"])
+        return reply
+
+
+class GuestAgentChannel(LineChannel):
+    """qemu-guest-agent: only `guest-sync`, which proves the guest's OS answers."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, "qemu-guest-agent")
+
+    def sync(self, timeout: float) -> None:
+        token = int.from_bytes(os.urandom(4), "big")
+        self.send({"execute": "guest-sync", "arguments": {"id": token}})
+        self.receive(lambda r: r.get("return") == token, time.monotonic() + timeout,
+                     "guest-sync")
 
 
 class VM:
@@ -122,6 +164,7 @@ class VM:
         self.proc: subprocess.Popen | None = None
         self.qmp: QEMUMonitorProtocol | None = None
         self.agent: AgentChannel | None = None
+        self.guest_agent: GuestAgentChannel | None = None
 
     def launch(self, loadvm: str | None) -> None:
         """Start QEMU (paused on `loadvm` when given) and connect the monitor and the agent."""
@@ -134,51 +177,58 @@ class VM:
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        qmp_path, agent_path = self.run_dir / "qmp.sock", self.run_dir / "agent.sock"
-        while not (qmp_path.exists() and agent_path.exists()):
+        paths = [self.run_dir / name for name in SOCKETS]
+        while not all(p.exists() for p in paths):
             if self.proc.poll() is not None:
                 raise VMDied(f"qemu exited with {self.proc.returncode}: {self._log_tail()}")
             if time.monotonic() > deadline:
                 raise VMDied(f"qemu sockets not up after {LAUNCH_TIMEOUT_S:.0f} s")
             time.sleep(0.02)
-        self.qmp = QEMUMonitorProtocol(str(qmp_path))
+        self.qmp = QEMUMonitorProtocol(str(self.run_dir / "qmp.sock"))
         self.qmp.connect()
-        self.qmp.settimeout(MONITOR_TIMEOUT_S)
-        self.agent = AgentChannel(agent_path)
+        self.agent = AgentChannel(self.run_dir / "agent.sock")
+        self.guest_agent = GuestAgentChannel(self.run_dir / "qga.sock")
 
     # --- monitor ----------------------------------------------------------------------------
 
-    def command(self, name: str, **args):
+    def command(self, name: str, timeout: float = MONITOR_TIMEOUT_S, **args):
         if self.qmp is None or not self.alive():
             raise VMDied("qemu is not running")
         try:
+            self.qmp.settimeout(timeout)
             return self.qmp.cmd(name, **args)
         except TimeoutError:
-            raise AgentTimeout(f"monitor: {name} took over {MONITOR_TIMEOUT_S:.0f} s") from None
+            raise AgentTimeout(f"monitor: {name} took over {timeout:.1f} s") from None
         except (OSError, EOFError, QMPError) as e:
             raise VMDied(f"monitor: {name}: {e}") from None
 
-    def hmp(self, line: str) -> None:
+    def hmp(self, line: str, timeout: float = MONITOR_TIMEOUT_S) -> None:
         """A monitor command whose error comes back as text (savevm, loadvm)."""
-        out = self.command("human-monitor-command", **{"command-line": line})
+        out = self.command("human-monitor-command", timeout, **{"command-line": line})
         if isinstance(out, str) and out.strip():
             raise VMDied(f"{line}: {out.strip().splitlines()[0]}")
 
-    def loadvm(self, tag: str = "warm") -> None:
-        self.hmp(f"loadvm {tag}")
+    def loadvm(self, tag: str = "warm", timeout: float = MONITOR_TIMEOUT_S) -> None:
+        self.hmp(f"loadvm {tag}", timeout)
 
     def savevm(self, tag: str = "warm") -> None:
         self.hmp(f"savevm {tag}")
 
-    def screendump(self) -> Image.Image:
+    def screendump(self, timeout: float = MONITOR_TIMEOUT_S) -> Image.Image:
         path = self.run_dir / "screen.ppm"
-        self.command("screendump", filename=str(path))
+        self.command("screendump", timeout, filename=str(path))
         with Image.open(path) as image:
             image.load()
             return image
 
-    def send_input(self, events: list[dict]) -> None:
-        self.command("input-send-event", events=events)
+    def send_input(self, events: list[dict], timeout: float = MONITOR_TIMEOUT_S) -> None:
+        self.command("input-send-event", timeout, events=events)
+
+    def guest_sync(self, timeout: float) -> None:
+        """qemu-guest-agent answers: the guest's OS runs (not only its desktop agent)."""
+        if self.guest_agent is None:
+            raise VMDied("no guest agent channel")
+        self.guest_agent.sync(timeout)
 
     def call(self, op: str, timeout: float, **fields) -> dict:
         if self.agent is None:
@@ -192,11 +242,11 @@ class VM:
 
     def stop(self) -> None:
         """Quit QEMU (hard after a short grace); closing twice is harmless."""
-        for closer in (self.agent, self.qmp):
+        for closer in (self.agent, self.guest_agent, self.qmp):
             if closer is not None:
                 with contextlib.suppress(OSError):
                     closer.close()
-        self.agent = self.qmp = None
+        self.agent = self.guest_agent = self.qmp = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -216,7 +266,10 @@ class VM:
         return lines[-1] if lines else "no output"
 
 
+SOCKETS = ("qmp.sock", "agent.sock", "qga.sock")
+
+
 def remove_sockets(run_dir: Path) -> None:
-    for name in ("qmp.sock", "agent.sock"):
+    for name in SOCKETS:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run_dir / name)

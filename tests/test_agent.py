@@ -1,0 +1,272 @@
+"""The agent format (trainer/agent.py) and the GRPO environment (trainer/environment.py) on real
+parts: the task factory, TRL's own prompt preparation, the tiny Qwen3-VL (built in-process, real
+forward pass) and the embedded host in both modes, with its fault switches."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from transformers.utils import get_json_schema
+from trl.data_utils import prepare_multimodal_messages
+
+from envs.tasks.build import build
+from trainer import agent
+from trainer.accounting import Ledger, Prices
+from trainer.environment import (
+    ENV_FAILED,
+    ArmEnvironment,
+    GenerationClock,
+    Run,
+    expected_first_screens,
+    open_arm,
+)
+from trainer.forkgroups import ForkGroups
+from trainer.guards import GuardError, HeldoutGuard
+
+
+@pytest.fixture(scope="module")
+def task_set():
+    tasks, solutions = build(seed=1, per_family=2)
+    return {t["id"]: t for t in tasks}, {s["id"]: s for s in solutions}
+
+
+# --- the format ----------------------------------------------------------------------------------
+
+
+def test_every_tool_maps_to_its_action_and_back(task_set):
+    _, solutions = task_set
+    assert agent.action_for("click", {"x": 3, "y": 4}) == {
+        "action_type": "CLICK",
+        "parameters": {"x": 3, "y": 4},
+    }
+    assert agent.action_for("scroll", {"x": 1, "y": 2, "dy": -3})["parameters"]["dx"] == 0
+    assert agent.action_for("done", {}) == {"action_type": "DONE", "parameters": {}}
+    oracle = [a for s in solutions.values() for a in s["oracle"]]
+    assert {a["action_type"] for a in oracle} >= {"CLICK", "TYPING"}
+    for action in oracle:
+        assert agent.action_for(*agent.call_for(action)) == action
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("drag", {}, "unknown tool"),
+        ("click", {"x": 1}, "missing argument(s) y"),
+        ("click", {"x": 1, "y": 2, "z": 3}, "unexpected argument(s) z"),
+        ("click", {"x": True, "y": 2}, "x must be int"),
+        ("type_text", {"text": 5}, "text must be str"),
+    ],
+)
+def test_a_bad_call_is_one_clear_error(name, arguments, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        agent.action_for(name, arguments)
+
+
+def test_the_dataset_row_becomes_the_task_prompt_in_trl(task_set):
+    tasks, _ = task_set
+    task = next(iter(tasks.values()))
+    shot = agent.first_screenshot(task)
+    row = agent.dataset_row(task, shot)
+    assert prepare_multimodal_messages(row["prompt"], row["images"]) == agent.task_prompt(
+        task, shot
+    )
+    assert row["task_id"] == task["id"]
+
+
+def test_environment_tools_present_exactly_the_agent_tools():
+    discovered = sorted(
+        n
+        for n in vars(ArmEnvironment)
+        if callable(getattr(ArmEnvironment, n)) and not n.startswith("_")
+    )
+    assert discovered == sorted([t.__name__ for t in agent.TOOLS] + ["get_reward", "reset"])
+    env = ArmEnvironment.__new__(ArmEnvironment)
+    for tool in agent.TOOLS:
+        assert get_json_schema(getattr(env, tool.__name__)) == get_json_schema(tool)
+
+
+# --- the real model ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(task_set, tmp_path_factory):
+    from trainer import tiny_model
+    from trainer.model import load
+    from trainer.tiny_model import TinySpec
+
+    tasks, _ = task_set
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_model.build(sorted({t["instruction"] for t in tasks.values()}), out, TinySpec())
+    return load(out)
+
+
+def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, tiny):
+    import torch
+
+    from trainer.sft import demonstration, demonstration_collator
+
+    model, processor = tiny
+    tasks, solutions = task_set
+    task_id = next(t for t in sorted(tasks) if len(solutions[t]["oracle"]) >= 2)
+    messages = demonstration(tasks[task_id], solutions[task_id]["oracle"])
+    screens = 1 + len(solutions[task_id]["oracle"])
+    assert sum(m["role"] == "tool" for m in messages) == screens - 1
+    batch = demonstration_collator(processor, {task_id: messages}).torch_call(
+        [{"task_id": task_id}]
+    )
+    image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert int((batch["input_ids"] == image_pad).sum()) == screens * 16  # 16 tokens per screen
+    with torch.no_grad():
+        out = model(**{k: v for k, v in batch.items() if k != "labels"})
+    assert out.logits.shape[:2] == batch["input_ids"].shape
+    # The loss is on the assistant turns only: the tool calls, never the instruction or screens.
+    learned = processor.tokenizer.decode(batch["input_ids"][batch["labels"] != -100])
+    assert learned.count("<tool_call>") == screens  # the oracle's calls and the final done
+    assert tasks[task_id]["instruction"] not in learned
+    assert int((batch["labels"] == image_pad).sum()) == 0
+
+
+# --- the environment on the embedded host --------------------------------------------------------
+
+
+def make_run(tmp_path, backend, tasks, group=2, faults=None, heldout=frozenset(), screens=None):
+    ledger = Ledger(
+        str(tmp_path / "trajectories.jsonl"),
+        str(tmp_path / "checkpoints.jsonl"),
+        arm="a",
+        seed=1,
+        checkpoint_interval=2,
+        prices=Prices(0.1, 0.2),
+    )
+    return Run(
+        tasks,
+        screens or expected_first_screens(tasks),
+        HeldoutGuard(heldout),
+        ledger,
+        ForkGroups(backend, group, faults),
+        max_turns=6,
+        clock=GenerationClock(),
+    )
+
+
+def play(env: ArmEnvironment, task_id: str, actions) -> list[list[dict]]:
+    results = []
+    for action in actions:
+        name, arguments = agent.call_for(action)
+        results.append(getattr(env, name)(**arguments))
+    results.append(env.done())
+    return results
+
+
+@pytest.mark.parametrize("mode", ["restore", "fork"])
+def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, mode):
+    tasks, solutions = task_set
+    task_id = sorted(tasks)[0]
+    arm = {"backend": "drums", "url": "embedded", "mode": mode}
+    with open_arm(arm) as backend:
+        run = make_run(tmp_path, backend, {task_id: tasks[task_id]})
+        envs = [ArmEnvironment(run), ArmEnvironment(run)]  # one GRPO group of 2
+        for env in envs:
+            assert env.reset(task_id=task_id) is None
+        oracle = solutions[task_id]["oracle"]
+        results = play(envs[0], task_id, oracle)
+        assert all(r[0]["type"] == "image" for r in results)
+        refused = envs[1].click(x=-5, y=3)  # off screen: the desktop refuses, nothing changes
+        assert refused[0]["type"] == "text" and refused[0]["text"].startswith("Refused")
+        assert [env.get_reward() for env in envs] == [1.0, 0.0]
+    lines = [
+        json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert [line["verdict"] for line in lines] == ["valid", "valid"]
+    assert lines[0]["turns"] == len(oracle) + 1 and lines[1]["turns"] == 1
+    parents = {line["fork_parent"] for line in lines}
+    assert (parents == {None}) if mode == "restore" else (len(parents) == 1 and None not in parents)
+    assert run.ledger.valid == 2 and run.ledger.checkpoint_due()
+
+
+def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set):
+    tasks, _ = task_set
+    task_id = sorted(tasks)[0]
+    arm = {"backend": "drums", "url": "embedded", "mode": "restore"}
+    faults = {0: {"kill_at_step": 1}, 1: {"blank_at_step": 1}}
+    with open_arm(arm, allow_faults=True) as backend:
+        run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, faults=faults)
+        envs = [ArmEnvironment(run), ArmEnvironment(run)]
+        for env in envs:
+            env.reset(task_id=task_id)
+        for env in envs:
+            assert env.click(x=10, y=10) == agent.tool_result(note=ENV_FAILED)
+            assert env.done() == agent.tool_result(note=ENV_FAILED)  # the episode is over
+        assert [env.get_reward() for env in envs] == [None, None]
+    lines = [
+        json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert [(x["verdict"], x["reward"], x["score"]) for x in lines] == [
+        ("env_failure", None, None),
+        ("blank_screen", None, None),
+    ]
+    assert run.ledger.invalid == 2 and run.ledger.valid == 0
+
+
+def test_a_first_screen_other_than_the_prompts_is_invalid(tmp_path, task_set):
+    tasks, _ = task_set
+    task_id = sorted(tasks)[0]
+    arm = {"backend": "drums", "url": "embedded", "mode": "fork"}
+    with open_arm(arm) as backend:
+        run = make_run(
+            tmp_path, backend, {task_id: tasks[task_id]}, group=1, screens={task_id: "0" * 64}
+        )
+        env = ArmEnvironment(run)
+        env.reset(task_id=task_id)
+        assert env.click(x=10, y=10) == agent.tool_result(note=ENV_FAILED)
+        assert env.get_reward() is None
+    line = json.loads((tmp_path / "trajectories.jsonl").read_text())
+    assert (line["verdict"], line["failed_gates"]) == ("state_mismatch", ["state_hash"])
+
+
+def test_a_held_out_id_fails_the_run(tmp_path, task_set):
+    tasks, _ = task_set
+    heldout, train = sorted(tasks)[0], sorted(tasks)[1]
+    arm = {"backend": "drums", "url": "embedded", "mode": "restore"}
+    with open_arm(arm) as backend:
+        run = make_run(tmp_path, backend, {train: tasks[train]}, heldout=frozenset({heldout}))
+        with pytest.raises(GuardError, match="held-out task"):
+            ArmEnvironment(run).reset(task_id=heldout)
+        with pytest.raises(GuardError, match="not in the training split"):
+            ArmEnvironment(run).reset(task_id="no-such-task")
+        with pytest.raises(GuardError, match="held-out task ids in the training data"):
+            run.guard.check_dataset([train, heldout])
+    assert not (tmp_path / "trajectories.jsonl").exists()
+
+
+def test_a_group_must_be_one_task(task_set):
+    tasks, _ = task_set
+    a, b = sorted(tasks)[:2]
+
+    class NoFork:
+        can_fork = False
+
+        def create(self, task):
+            return task["id"]
+
+    groups = ForkGroups(NoFork(), group_size=2)
+    groups.start(tasks[a])
+    with pytest.raises(RuntimeError, match="GRPO group broken"):
+        groups.start(tasks[b])
+
+
+def test_generation_seconds_are_the_batch_span_less_environment_time():
+    now = [0.0]
+    clock = GenerationClock(clock=lambda: now[0])
+    for t in (1.0, 2.0, 3.0, 4.0):  # four resets; the last at t=4
+        now[0] = t
+        clock.reset_done()
+    clock.env_call(2.0)  # tool calls inside the generation phase
+    now[0] = 14.0  # first reward: 10 s since the last reset, 2 of them in the environment
+    assert [clock.reward_share() for _ in range(4)] == [2.0] * 4
+    now[0] = 20.0
+    clock.reset_done()  # a new batch starts from zero
+    now[0] = 21.0
+    assert clock.reward_share() == 1.0

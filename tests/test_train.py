@@ -1,0 +1,216 @@
+"""A short real training run through Snakemake: freeze, SFT warm start, GRPO on both arms against
+the embedded host, with faults injected through the host's switches; then the records are checked.
+
+The workflow is a temporary copy with a tiny budget (a copied target.yaml, edited before it is
+frozen) and tiny GRPO settings; one Snakemake run is shared by the tests of this module.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envab.hashing import file_manifest
+
+EXP = "embedded-default-v1"
+RESULTS = Path("results") / EXP
+BUDGET_VALID = 8
+INTERVAL = 2
+GROUP = 2  # num_generations
+# attempt ordinal -> host faults. Restore arm: attempt 1 starts from a corrupted snapshot, attempt
+# 2's verifier is unreachable. Fork arm: the fault lands on the parent of the group holding the
+# attempt, so attempts 0 and 1 start corrupted; verifier_unavailable on a parent never reaches
+# its children (the host arms faults per environment), so attempts 2 and 3 stay valid.
+FAULTS = {"attempts": {"1": {"corrupt_restore": True}, "2": {"verifier_unavailable": True}}}
+EXPECTED_INVALID = {
+    "restore": {1: "state_mismatch", 2: "verifier_unavailable"},
+    "drums": {0: "state_mismatch", 1: "state_mismatch"},
+}
+
+
+def tiny(workflow) -> None:
+    """Tiny settings and budget, edited before anything is frozen."""
+
+    def config(c):
+        c["training"]["sft"].update(steps=2, batch_size=4)
+        c["training"]["grpo"].update(
+            num_generations=GROUP, prompts_per_step=2, max_turns=2, max_completion_length=24
+        )
+
+    def target(t):
+        t["budget"].update(max_wall_clock_s=900, max_valid_trajectories=BUDGET_VALID)
+        t["evaluation"]["checkpoint_interval"] = INTERVAL
+
+    workflow.edit_config(config)
+    workflow.edit_target(target)
+
+
+def run_snakemake(root: Path, *targets: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *targets],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, make_workflow):
+    workflow = make_workflow(tmp_path_factory.mktemp("train"))
+    tiny(workflow)
+    plan = workflow.root / "faults.json"
+    plan.write_text(json.dumps(FAULTS))
+    env = {**os.environ, "ENVAB_FAULT_PLAN": str(plan)}
+    targets = [str(RESULTS / arm / "seed1" / "run.json") for arm in ("restore", "drums")]
+    result = run_snakemake(workflow.root, *targets, env=env)
+    logs = "".join(p.read_text()[-3000:] for p in (workflow.root / "logs").rglob("train_*.log"))
+    assert result.returncode == 0, result.stderr[-3000:] + logs
+    return workflow
+
+
+def records(root: Path, arm: str):
+    run_dir = root / RESULTS / arm / "seed1"
+    read = lambda name: [json.loads(line) for line in (run_dir / name).read_text().splitlines()]  # noqa: E731
+    return (
+        json.loads((run_dir / "run.json").read_text()),
+        read("trajectories.jsonl"),
+        read("checkpoints.jsonl"),
+        run_dir,
+    )
+
+
+@pytest.mark.parametrize("arm", ["restore", "drums"])
+def test_counts_add_up_and_budget_stops_the_run(trained, arm):
+    run, attempts, checkpoints, _ = records(trained.root, arm)
+    valid = [a for a in attempts if a["verdict"] == "valid"]
+    invalid = [a for a in attempts if a["verdict"] != "valid"]
+    assert run["valid_trajectories"] == len(valid) >= BUDGET_VALID
+    assert run["invalid_discarded"] == len(invalid)
+    assert run["stop_reason"] == "max_valid_trajectories"
+    # Every step runs whole groups: attempts come in multiples of the step's batch.
+    assert len(attempts) == run["steps"] * GROUP * 2
+    assert run["env_busy_s"] == pytest.approx(sum(a["env_seconds"] for a in attempts))
+    assert run["inference_s"] == pytest.approx(sum(a["generation_seconds"] for a in attempts))
+    assert run["started_utc"] > run["frozen_utc"]
+    assert min(a["started_utc"] for a in attempts) >= run["started_utc"]
+
+
+@pytest.mark.parametrize("arm", ["restore", "drums"])
+def test_injected_faults_are_invalid_attempts_without_reward(trained, arm):
+    _, attempts, _, _ = records(trained.root, arm)
+    got = {n: a["verdict"] for n, a in enumerate(attempts) if a["verdict"] != "valid"}
+    assert got == EXPECTED_INVALID[arm]
+    for n in got:
+        assert attempts[n]["reward"] is None and attempts[n]["score"] is None
+        assert attempts[n]["failed_gates"]
+    for a in attempts:
+        if a["verdict"] == "valid":
+            assert a["reward"] in (0.0, 1.0) and a["failed_gates"] == []
+
+
+@pytest.mark.parametrize("arm", ["restore", "drums"])
+def test_checkpoints_at_the_right_counts_with_their_files(trained, arm):
+    run, attempts, checkpoints, run_dir = records(trained.root, arm)
+    assert [c["due_at_valid"] for c in checkpoints] == list(
+        range(INTERVAL, run["valid_trajectories"] + 1, INTERVAL)
+    )
+    for c in checkpoints:
+        # The counters at a checkpoint are those of the attempts recorded up to its step.
+        upto = [a for a in attempts if a["step"] <= c["step"]]
+        assert c["valid_trajectories"] == sum(a["verdict"] == "valid" for a in upto)
+        assert c["invalid_discarded"] == sum(a["verdict"] != "valid" for a in upto)
+        assert c["valid_trajectories"] >= c["due_at_valid"]
+        saved = run_dir / "checkpoints" / c["checkpoint"]
+        assert file_manifest(saved) == c["files"]
+        assert "model.safetensors" in c["files"]
+    saved = [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")]
+    assert sorted(saved) == sorted(c["checkpoint"] for c in checkpoints)
+
+
+def test_fork_arm_groups_share_a_parent_and_restore_arm_has_none(trained):
+    _, fork_attempts, _, _ = records(trained.root, "drums")
+    _, restore_attempts, _, _ = records(trained.root, "restore")
+    assert all(a["fork_parent"] is None for a in restore_attempts)
+    groups = [fork_attempts[i : i + GROUP] for i in range(0, len(fork_attempts), GROUP)]
+    for group in groups:
+        assert len({a["task_id"] for a in group}) == 1
+        if all(a["verdict"] == "valid" for a in group):
+            assert len({a["fork_parent"] for a in group}) == 1 and group[0]["fork_parent"]
+    parents = [g[0]["fork_parent"] for g in groups if g[0]["verdict"] == "valid"]
+    assert len(set(parents)) == len(parents)  # one parent per group
+
+
+def test_sft_receipt_verifies_and_only_training_tasks_were_used(trained):
+    root = trained.root
+    result = subprocess.run(
+        [sys.executable, "-m", "envab.verify", f"receipts/{EXP}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert f"receipts/{EXP}/sft.json" in result.stdout
+    sft = json.loads((root / "receipts" / EXP / "sft.json").read_text())["predicate"]
+    train_ids = {
+        json.loads(line)["id"] for line in (root / RESULTS / "tasks" / "train.jsonl").open()
+    }
+    assert set(sft["task_ids"]) == train_ids
+    run, _, _, _ = records(root, "restore")
+    assert run["model"] == f"{RESULTS}/sft/model"
+
+
+def first_step_metrics(text: str) -> dict:
+    """The first step's metrics as TRL prints them (one dict per step, the log's `{'loss'` line)."""
+    for line in text.splitlines():
+        start = line.find("{'loss'")
+        if start >= 0:
+            return ast.literal_eval(line[start:])
+    raise AssertionError("no step metrics in the output")
+
+
+def test_same_seed_same_arm_gives_the_same_first_step(trained):
+    """A second run of the restore arm, seed 1, into a fresh folder: the first step's tasks,
+    rewards and turns are equal, and so are the sampled completions' lengths and entropy (which
+    differ as soon as one sampled token differs)."""
+    root = trained.root
+    out = root / "rerun"
+    env = {**os.environ, "ENVAB_FAULT_PLAN": str(root / "faults.json")}  # the same faults too
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.grpo",
+            "--target",
+            "preregistration/target.yaml",
+            "--pins",
+            str(RESULTS / "restore" / "seed1" / "pins.json"),
+            "--model",
+            str(RESULTS / "sft" / "model"),
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, first, _, _ = records(root, "restore")
+    second = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    keys = ("task_id", "reward", "turns", "verdict")
+    pick = lambda rows: [tuple(r[k] for k in keys) for r in rows if r["step"] == 1]  # noqa: E731
+    assert pick(first) == pick(second) and len(pick(first)) == GROUP * 2
+    m1 = first_step_metrics((root / "logs" / EXP / "train_restore_seed1.log").read_text())
+    m2 = first_step_metrics(result.stderr + result.stdout)
+    for key in ("completions/mean_length", "num_tokens", "entropy"):
+        assert m1[key] == m2[key], key

@@ -1,0 +1,218 @@
+"""The agent's side of the recipe, in ONE place: its tools, the prompt it sees, and how a tool
+call becomes an OSWorld computer_13 action.
+
+Training (trainer/environment.py for GRPO, trainer/sft.py for the warm start) and the held-out
+evaluation (eval/) all import this module, so every stage renders the same prompt for a task and
+the same message for a tool result. Changing the recipe (tool set, prompt wording, action mapping)
+is an edit here and nowhere else; the code pins then make it a new frozen experiment.
+
+- `TOOLS`: plain functions with Google-style docstrings, which is what
+  `apply_chat_template(tools=...)` and TRL turn into JSON schemas. Their bodies never run: the
+  environment calls `action_for(name, arguments)` and steps its session instead.
+- `task_prompt(task, screenshot)`: the conversation a task starts with (instruction + first
+  screenshot), exactly as TRL builds it from a `dataset_row` (`prepare_multimodal_messages`).
+- `tool_message(name, screenshot)`: the message a tool result becomes, exactly as TRL appends it
+  (`{"role": "tool", "name": ..., "content": <the tool's list of content blocks>}`).
+- `first_screenshot(task)`: the task's first screen rendered in-process, so the prompt can carry
+  it before any environment exists (TRL's `reset()` can only append text to a prompt).
+"""
+
+import hashlib
+from collections.abc import Mapping
+
+from PIL import Image
+
+from envs.desktop import Desktop, screen_of
+from envs.protocol import check_action
+
+# --- the tools -----------------------------------------------------------------------------------
+# Names and docstrings are what the model reads (they are rendered into the system prompt); the
+# tiny model's tokenizer was trained on the same names (trainer/tiny_model.py).
+
+
+def click(x: int, y: int):
+    """Click the left mouse button at a pixel of the screen.
+
+    Args:
+        x: Horizontal pixel coordinate, from the left edge of the screen.
+        y: Vertical pixel coordinate, from the top edge of the screen.
+    """
+
+
+def double_click(x: int, y: int):
+    """Double-click the left mouse button at a pixel of the screen.
+
+    Args:
+        x: Horizontal pixel coordinate, from the left edge of the screen.
+        y: Vertical pixel coordinate, from the top edge of the screen.
+    """
+
+
+def type_text(text: str):
+    """Type text with the keyboard into the focused element.
+
+    Args:
+        text: The text to type.
+    """
+
+
+def press(key: str):
+    """Press and release one key.
+
+    Args:
+        key: The key name: enter, tab, backspace, escape, space, up or down.
+    """
+
+
+def scroll(x: int, y: int, dy: int):
+    """Scroll the mouse wheel over a pixel of the screen.
+
+    Args:
+        x: Horizontal pixel coordinate, from the left edge of the screen.
+        y: Vertical pixel coordinate, from the top edge of the screen.
+        dy: Wheel clicks; positive scrolls down, negative scrolls up.
+    """
+
+
+def done():
+    """Declare the task finished."""
+
+
+def fail():
+    """Declare the task impossible to finish."""
+
+
+TOOLS = [click, double_click, type_text, press, scroll, done, fail]
+
+
+def _to_action(kind: str, **parameters) -> dict:
+    return {"action_type": kind, "parameters": parameters}
+
+
+# Tool name -> its computer_13 action. Arguments were checked against the tool's signature first.
+_ACTIONS = {
+    "click": lambda x, y: _to_action("CLICK", x=x, y=y),
+    "double_click": lambda x, y: _to_action("DOUBLE_CLICK", x=x, y=y),
+    "type_text": lambda text: _to_action("TYPING", text=text),
+    "press": lambda key: _to_action("PRESS", key=key),
+    "scroll": lambda x, y, dy: _to_action("SCROLL", x=x, y=y, dx=0, dy=dy),
+    "done": lambda: _to_action("DONE"),
+    "fail": lambda: _to_action("FAIL"),
+}
+_BY_NAME = {tool.__name__: tool for tool in TOOLS}
+assert set(_ACTIONS) == set(_BY_NAME), "every tool needs exactly one action mapping"
+
+
+def action_for(name: str, arguments: Mapping | None) -> dict:
+    """The computer_13 action of one tool call; ValueError (one line) for a call that is wrong."""
+    tool = _BY_NAME.get(name)
+    if tool is None:
+        raise ValueError(f"unknown tool {name!r}; tools: {', '.join(_BY_NAME)}")
+    arguments = dict(arguments or {})
+    expected = tool.__annotations__
+    if missing := sorted(set(expected) - set(arguments)):
+        raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}")
+    if extra := sorted(set(arguments) - set(expected)):
+        raise ValueError(f"{name}: unexpected argument(s) {', '.join(extra)}")
+    for arg, typ in expected.items():
+        value = arguments[arg]
+        if not isinstance(value, typ) or isinstance(value, bool):  # True is an int in Python
+            raise ValueError(f"{name}: {arg} must be {typ.__name__}, got {value!r}")
+    return check_action(_ACTIONS[name](**arguments))
+
+
+# --- the prompt ----------------------------------------------------------------------------------
+
+
+def instruction_text(task: Mapping) -> str:
+    """The text of the first user turn (the screenshot goes before it)."""
+    return task["instruction"]
+
+
+def dataset_row(task: Mapping, screenshot: Image.Image) -> dict:
+    """One GRPO dataset row: TRL puts `images` before the text of the first user turn, which
+    gives `task_prompt(task, screenshot)`; `task_id` reaches the environment's `reset`."""
+    return {
+        "prompt": [{"role": "user", "content": instruction_text(task)}],
+        "images": [screenshot],
+        "task_id": task["id"],
+    }
+
+
+def task_prompt(task: Mapping, screenshot: Image.Image) -> list[dict]:
+    """The conversation a task starts with: first screenshot, then the instruction."""
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": screenshot},
+                {"type": "text", "text": instruction_text(task)},
+            ],
+        }
+    ]
+
+
+def tool_result(screenshot: Image.Image | None = None, note: str | None = None) -> list[dict]:
+    """What a tool returns: the new screenshot, and/or a short note (a refused call, the end)."""
+    blocks = []
+    if screenshot is not None:
+        blocks.append({"type": "image", "image": screenshot})
+    if note is not None:
+        blocks.append({"type": "text", "text": note})
+    if not blocks:
+        raise ValueError("a tool result needs a screenshot or a note")
+    return blocks
+
+
+def tool_message(name: str, screenshot: Image.Image | None = None, note: str | None = None) -> dict:
+    """The message a tool result becomes in the conversation, exactly as TRL appends it."""
+    return {"role": "tool", "name": name, "content": tool_result(screenshot, note)}
+
+
+def assistant_call(name: str, arguments: Mapping) -> dict:
+    """The assistant turn that calls one tool (for demonstrations; TRL parses the model's own)."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": name, "arguments": dict(arguments)}}
+        ],
+    }
+
+
+def call_for(action: Mapping) -> tuple[str, dict]:
+    """The tool call that performs a computer_13 action (the inverse of `action_for`), for turning
+    oracle solutions into demonstrations."""
+    action = check_action(action)
+    p = action["parameters"]
+    kind = action["action_type"]
+    if kind in ("CLICK", "DOUBLE_CLICK"):
+        call = ("click" if kind == "CLICK" else "double_click", {"x": p["x"], "y": p["y"]})
+    elif kind == "TYPING":
+        call = ("type_text", {"text": p["text"]})
+    elif kind == "PRESS":
+        call = ("press", {"key": p["key"]})
+    elif kind == "SCROLL":
+        call = ("scroll", {"x": p.get("x"), "y": p.get("y"), "dy": p["dy"]})
+    else:
+        call = (kind.lower(), {})
+    if action_for(*call) != action:  # e.g. a CLICK with a button or a SCROLL with dx
+        raise ValueError(f"{kind}: no tool call reproduces this action exactly")
+    return call
+
+
+# --- the first screen ----------------------------------------------------------------------------
+
+
+def first_screenshot(task: Mapping) -> Image.Image:
+    """The task's first screen, rendered in-process from its set-up (no environment needed)."""
+    desktop = Desktop(*screen_of(task["config"]))
+    desktop.setup(task["config"])
+    return desktop.screenshot().convert("RGB")
+
+
+def screenshot_sha256(image: Image.Image) -> str:
+    """Digest of the pixels (not of an encoding), so a PNG round trip keeps it."""
+    rgb = image.convert("RGB")
+    header = f"{rgb.width}x{rgb.height}:".encode()
+    return hashlib.sha256(header + rgb.tobytes()).hexdigest()

@@ -1,0 +1,253 @@
+"""The environment class TRL's GRPOTrainer drives (`environment_factory`), on one arm's backend.
+
+TRL makes one instance per completion and calls, per GRPO step:
+
+    reset(**row)      for every completion of the generation batch (G consecutive per prompt);
+    <tool>(**args)    whenever the model emits a tool call (the public methods are the tools);
+    get_reward()      once per completion, after generation: the verifier's score, or None.
+
+The tools are made from `trainer.agent.TOOLS` (same names, signatures and docstrings, so the
+schema TRL renders is the one the evaluation renders); each maps its call to a computer_13 action
+(`agent.action_for`), steps the session and returns the new screenshot as an image block.
+
+Three outcomes, never two: an attempt whose environment failed a gate (at start, on a step, or in
+the verifier) is *invalid*: `get_reward()` returns None, which TRL leaves out of the group's mean
+and std and gives zero advantage; it is recorded with its verdict and failed gates and is never
+scored 0. After a gate failure mid-episode the tools only answer that the episode is over.
+
+Two gates are checked here, on top of the host's: the session's state hash must be the task's
+initial one, and its first screenshot must equal the one already in the prompt (pre-rendered
+in-process by `agent.first_screenshot`, because `reset` can only append text to a prompt). Both
+failures are recorded as the `state_hash` gate (verdict `state_mismatch`): the state the policy
+was shown is not the state it acts on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envab.receipts import utc_now
+from envs.drums import EMBEDDED, ActionRejected, DrumsBackend, connect
+from envs.host import serve_embedded, write_token_file
+from envs.protocol import Gate, Session, Verification
+from trainer import agent
+from trainer.accounting import Attempt, Ledger
+from trainer.forkgroups import ForkGroups
+from trainer.guards import GuardError, HeldoutGuard
+
+log = logging.getLogger("trainer.environment")
+
+EPISODE_OVER = "The episode is over."
+ENV_FAILED = "The episode is over: the environment failed."
+
+
+class GenerationClock:
+    """Generation seconds per attempt, measured from outside TRL.
+
+    Within one generation batch TRL resets every environment, then generates all completions
+    (running tool calls between turns), then asks every environment for its reward. Generation is
+    batched, so no per-completion time exists: a batch's generation time is the span from its
+    last reset to its first reward, less the seconds spent in environment calls inside that span,
+    split equally over the batch's attempts. The split is a convention; the total is measured.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.resets = self.rewards = 0
+        self.last_reset = 0.0
+        self.env_seconds = 0.0
+        self.share: float | None = None
+
+    def reset_done(self) -> None:
+        if self.rewards and self.rewards == self.resets:  # the previous batch is complete
+            self.resets = self.rewards = 0
+            self.env_seconds = 0.0
+            self.share = None
+        self.resets += 1
+        self.last_reset = self.clock()
+
+    def env_call(self, seconds: float) -> None:
+        self.env_seconds += seconds
+
+    def reward_share(self) -> float:
+        if self.share is None:
+            span = self.clock() - self.last_reset - self.env_seconds
+            self.share = max(span, 0.0) / max(self.resets, 1)
+        self.rewards += 1
+        return self.share
+
+
+@dataclass
+class Run:
+    """What every environment instance of one (arm, seed) run shares."""
+
+    tasks: dict[str, dict]  # training tasks by id (held-out ones are never loaded)
+    first_screens: dict[str, str]  # task id -> screenshot_sha256 of the prompt's screenshot
+    guard: HeldoutGuard
+    ledger: Ledger
+    groups: ForkGroups
+    max_turns: int
+    clock: GenerationClock = field(default_factory=GenerationClock)
+    step: int = 0  # the GRPO step being generated (set by the trainer's callback)
+
+
+@dataclass
+class Episode:
+    task: dict
+    session: Session
+    fork_parent: str | None
+    env_seconds: float
+    started_utc: str
+    turns: int = 0
+    over: bool = False
+    failed_gates: tuple[str, ...] = ()
+
+
+class ArmEnvironment:
+    """One completion's environment; the tools are added below from `agent.TOOLS`."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.episode: Episode | None = None
+
+    def reset(self, task_id: str, **row) -> None:
+        """Start the row's task; returns nothing, the first screenshot is already in the prompt."""
+        self.run.guard(task_id)  # a held-out id fails the run here
+        task = self.run.tasks.get(task_id)
+        if task is None:
+            raise GuardError(f"task {task_id!r} is not in the training split")
+        self._close_session()
+        start = self.run.groups.start(task)
+        episode = Episode(task, start.session, start.fork_parent, start.env_seconds, utc_now())
+        obs = start.session.observation
+        if not obs.valid:
+            episode.failed_gates = tuple(obs.failed_gates)
+        elif (
+            obs.state_sha256 != task["evaluator"]["initial_state_sha256"]
+            or agent.screenshot_sha256(obs.screenshot) != self.run.first_screens[task_id]
+        ):
+            episode.failed_gates = (str(Gate.STATE_HASH),)
+        episode.over = bool(episode.failed_gates)
+        self.episode = episode
+        self.run.clock.reset_done()
+
+    def _act(self, name: str, arguments: dict) -> list[dict]:
+        """One tool call: map it to an action, step the session, return the new screenshot."""
+        ep = self.episode
+        if ep is None or ep.over:
+            return agent.tool_result(note=ENV_FAILED if ep and ep.failed_gates else EPISODE_OVER)
+        ep.turns += 1
+        ep.over = ep.turns >= self.run.max_turns
+        try:
+            action = agent.action_for(name, arguments)
+        except ValueError as e:  # the policy's mistake, not the environment's: nothing happens
+            return agent.tool_result(note=f"Refused: {e}")
+        t0 = time.monotonic()
+        try:
+            obs = ep.session.step(action, generation=ep.session.generation)
+        except ActionRejected as e:  # e.g. off screen; the desktop did not change
+            return agent.tool_result(note=f"Refused: {e}")
+        finally:
+            seconds = time.monotonic() - t0
+            ep.env_seconds += seconds
+            self.run.clock.env_call(seconds)
+        if not obs.valid:
+            ep.failed_gates, ep.over = tuple(obs.failed_gates), True
+            return agent.tool_result(note=ENV_FAILED)
+        ep.over = ep.over or obs.done
+        return agent.tool_result(obs.screenshot)
+
+    def get_reward(self) -> float | None:
+        """Verify, record the attempt, and return its reward: the score, or None if invalid."""
+        ep = self.episode
+        generation_seconds = self.run.clock.reward_share()
+        t0 = time.monotonic()
+        if ep.failed_gates:
+            verification = Verification.invalid(ep.failed_gates)
+        else:
+            verification = ep.session.verify()
+        self._close_session()
+        ep.env_seconds += time.monotonic() - t0
+        attempt = Attempt(
+            task_id=ep.task["id"],
+            env_id=ep.session.env_id,
+            fork_parent=ep.fork_parent,
+            verdict=verification.verdict,
+            failed_gates=tuple(verification.failed_gates),
+            score=verification.score,
+            turns=ep.turns,
+            env_seconds=ep.env_seconds,
+            generation_seconds=generation_seconds,
+            started_utc=ep.started_utc,
+            ended_utc=utc_now(),
+        )
+        self.run.ledger.record(attempt, self.run.step)
+        return attempt.reward
+
+    def _close_session(self) -> None:
+        if self.episode is not None:
+            self.episode.session.close()
+
+
+def _tool_method(tool: Callable) -> Callable:
+    """A method that performs `tool` and presents exactly its schema: TRL reads the name,
+    signature, type hints and docstring of each public method to render the tool list."""
+    name = tool.__name__
+
+    def method(self, **arguments):
+        return self._act(name, arguments)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = tool.__doc__
+    method.__annotations__ = dict(tool.__annotations__)
+    receiver = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    method.__signature__ = inspect.signature(tool).replace(
+        parameters=[receiver, *inspect.signature(tool).parameters.values()]
+    )
+    return method
+
+
+for _tool in agent.TOOLS:
+    setattr(ArmEnvironment, _tool.__name__, _tool_method(_tool))
+
+
+def environment_factory(run: Run) -> Callable[[], ArmEnvironment]:
+    """What GRPOTrainer(environment_factory=...) calls once per concurrent completion."""
+    return lambda: ArmEnvironment(run)
+
+
+def expected_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:
+    """The digest of each task's pre-rendered first screenshot (the one its prompt carries)."""
+    return {tid: agent.screenshot_sha256(agent.first_screenshot(t)) for tid, t in tasks.items()}
+
+
+@contextmanager
+def open_arm(arm_config: Mapping, *, log_path: str | None = None, allow_faults: bool = False):
+    """The backend an arm's pinned config names. `allow_faults` starts the embedded host with its
+    fault switches on (tests and reliability runs); a real host is never asked to inject faults."""
+    backend, url = arm_config["backend"], arm_config.get("url")
+    if backend != "drums" or not url:
+        raise GuardError(
+            f"arm backend {backend!r} (url {url!r}) is not wired into the trainer yet; "
+            "only drums arms (a drumsd URL or 'embedded') are"
+        )
+    if url != EMBEDDED:
+        if allow_faults:
+            raise GuardError("fault injection needs the embedded host (url: embedded)")
+        with connect(url, token_file=arm_config.get("token_file")) as arm:
+            yield arm
+        return
+    with ExitStack() as stack:
+        token_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="envab-token-"))
+        token = write_token_file(Path(token_dir) / "token")
+        url = stack.enter_context(
+            serve_embedded(arm_config["mode"], token, allow_faults=allow_faults, log_path=log_path)
+        )
+        yield stack.enter_context(DrumsBackend(url, token_file=token))

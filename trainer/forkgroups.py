@@ -1,0 +1,102 @@
+"""GRPO groups on the environment side: one prepared parent forked into G children, or G restores.
+
+Why TRL cannot carry this: `GRPOTrainer` calls `reset(**row)` once per completion, each on its
+own environment instance, one after another, and never tells an instance which other completions
+share its prompt. The G completions of one prompt are simply G consecutive rows of the generation
+batch (TRL's `RepeatSampler` repeats each prompt G times in a row). A fork needs all G at once
+(one parent, `fork(G)`), so this layer, shared by every environment instance of a run, counts
+resets: each run of G consecutive resets is one group, and all of them must name the same task
+(checked; anything else means TRL's sampling changed under us).
+
+On an arm whose backend can fork, the first reset of a group creates the parent (the task's
+set-up runs once), forks it into G children and closes it; each reset of the group takes the next
+child. On an arm that cannot fork, each reset creates (restores and sets up) its own session.
+Either way the caller gets a session whose state must hash to the task's
+`evaluator.initial_state_sha256`, and the same drop rule applies (trainer/environment.py).
+
+Fault injection (tests and reliability runs): `faults` maps an attempt's ordinal (0-based count
+of resets in the run) to the host's fault switches for the `create` that serves it. On a fork
+arm that `create` is the group's parent: a set-up fault (`corrupt_restore`) makes the parent, and
+so every child of the group, invalid; step faults do not reach the children (the host arms faults
+per environment, never through a fork).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from envs.protocol import Backend, Session
+
+
+@dataclass
+class Start:
+    """The session one attempt runs in, and what starting it cost."""
+
+    session: Session
+    fork_parent: str | None
+    env_seconds: float  # this attempt's share of creating (and forking) its session
+
+
+class ForkGroups:
+    def __init__(
+        self,
+        backend: Backend,
+        group_size: int,
+        faults: Mapping[int, Mapping] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.backend = backend
+        self.group_size = group_size
+        self.fork = bool(backend.can_fork)
+        self.faults = dict(faults or {})
+        self.clock = clock
+        self.resets = 0  # attempts started in this run
+        self._task_id: str | None = None  # the open group's task
+        self._children: list[Session] = []
+        self._parent: str | None = None
+        self._share = 0.0
+
+    def start(self, task: Mapping) -> Start:
+        ordinal, self.resets = self.resets, self.resets + 1
+        member = ordinal % self.group_size
+        if member == 0:
+            self._task_id = task["id"]
+        elif task["id"] != self._task_id:
+            raise RuntimeError(
+                f"GRPO group broken: completion {member} of a group of {self.group_size} is task "
+                f"{task['id']!r}, the group's first was {self._task_id!r}"
+            )
+        if not self.fork:
+            t0 = self.clock()
+            session = self._create(task, [ordinal])
+            return Start(session, None, self.clock() - t0)
+        if member == 0:
+            self._open_group(task, range(ordinal, ordinal + self.group_size))
+        return Start(self._children.pop(0), self._parent, self._share)
+
+    def _open_group(self, task: Mapping, ordinals) -> None:
+        for child in self._children:  # a group left unfinished (cannot happen under TRL)
+            child.close()
+        t0 = self.clock()
+        parent = self._create(task, ordinals)
+        try:
+            self._children = parent.fork(self.group_size)
+        finally:
+            parent.close()
+        self._parent = parent.env_id
+        self._share = (self.clock() - t0) / self.group_size
+
+    def _create(self, task: Mapping, ordinals) -> Session:
+        faults = {}
+        for n in ordinals:
+            faults.update(self.faults.get(n, {}))
+        if faults:
+            return self.backend.create(task, faults=faults)
+        return self.backend.create(task)
+
+    def close(self) -> None:
+        for child in self._children:
+            child.close()
+        self._children = []

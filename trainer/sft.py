@@ -1,0 +1,199 @@
+"""SFT warm start: TRL's SFTTrainer on oracle demonstrations of TRAINING tasks only.
+
+    python -m trainer.sft --target preregistration/target.yaml --model results/<exp>/model \
+        --tasks results/<exp>/tasks/train.jsonl --solutions results/<exp>/tasks/solutions.jsonl \
+        --settings '{"enabled": true, "steps": 200, "batch_size": 16, "learning_rate": 0.003}' \
+        --out results/<exp>/sft/model
+
+Run once and shared by every arm and seed (it never touches an environment). Each demonstration
+is one training task played by its oracle actions in-process on the embedded desktop, written in
+exactly the conversation format GRPO and the evaluation use (trainer/agent.py): the task prompt,
+then per action the assistant's tool call and the tool message with the new screenshot, then a
+final `done` call. The loss is on the assistant turns only. The output folder is hashed into
+receipts/<exp>/sft.json, which depends on the freeze receipts; the trainer loads the warm start
+only through that receipt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from envab import preregistration
+from envab.config import ConfigError
+from envab.hashing import aggregate_digest, file_manifest
+from envab.io import read_jsonl
+from envab.receipts import receipt_dir, subject, write_receipt
+from envs.desktop import Desktop, screen_of
+from trainer import agent
+from trainer.guards import GuardError, HeldoutGuard, check_code, check_receipts, heldout_ids
+from trainer.model import ModelPinError
+
+log = logging.getLogger("trainer.sft")
+FREEZE_RECEIPTS = ("preregistration.json", "split.json", "code.json", "model.json")
+
+
+def demonstration(task: dict, oracle: list[dict]) -> list[dict]:
+    """One task solved by its oracle, as the conversation the policy would have had."""
+    desktop = Desktop(*screen_of(task["config"]))
+    desktop.setup(task["config"])
+    messages = agent.task_prompt(task, desktop.screenshot().convert("RGB"))
+    for action in oracle:
+        name, arguments = agent.call_for(action)
+        desktop.apply(agent.action_for(name, arguments))
+        messages.append(agent.assistant_call(name, arguments))
+        messages.append(agent.tool_message(name, desktop.screenshot().convert("RGB")))
+    messages.append(agent.assistant_call("done", {}))
+    return messages
+
+
+def demonstrations(tasks: list[dict], solutions: dict[str, dict], guard: HeldoutGuard) -> dict:
+    """Task id -> its demonstration, for training tasks only."""
+    guard.check_dataset(t["id"] for t in tasks)
+    missing = sorted(t["id"] for t in tasks if t["id"] not in solutions)
+    if missing:
+        raise GuardError(f"no oracle solution for training task(s) {missing[:5]}")
+    return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"]) for t in tasks}
+
+
+def demonstration_collator(processor, demos: dict):
+    """TRL's vision collator, fed each row's whole conversation by task id.
+
+    The conversations cannot live in the Arrow dataset: Arrow unifies content blocks into one
+    struct, so a text block gains `image: null`, which the chat template counts as an image; and
+    TRL's collator fills a row's `images` into user turns only, never into tool results. So the
+    dataset holds task ids, and the screenshots stay inside their messages (`images` empty).
+    """
+    from trl.chat_template_utils import get_training_chat_template
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    class DemonstrationCollator(DataCollatorForVisionLanguageModeling):
+        def torch_call(self, examples):
+            rows = [{"messages": demos[e["task_id"]], "images": []} for e in examples]
+            return super().torch_call(rows)
+
+    # Loss on the assistant turns only (the tool calls), through TRL's training template, which
+    # marks them with {% generation %}.
+    return DemonstrationCollator(
+        processor=processor,
+        assistant_only_loss=True,
+        chat_template=get_training_chat_template(processor),
+    )
+
+
+def train(args) -> dict:
+    from datasets import Dataset
+    from transformers import set_seed
+    from trl import SFTConfig, SFTTrainer
+
+    from trainer.grpo import load_checked
+
+    target = preregistration.check_frozen(args.target)
+    receipts = receipt_dir(target.experiment_id)
+    check_receipts(receipts)
+    check_code(receipts)
+    settings = json.loads(args.settings)
+    if not settings.get("enabled"):
+        raise GuardError("training.sft.enabled is false: the pinned model is used as it is")
+    guard = HeldoutGuard(heldout_ids(receipts))
+    tasks = list(read_jsonl(args.tasks))
+    solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
+    demos = demonstrations(tasks, solutions, guard)
+    dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
+    set_seed(args.seed)
+    model, processor = load_checked(Path(args.model), receipts)
+
+    out = Path(args.out)
+    if out.exists():
+        raise GuardError(f"{out} exists; remove it to run the warm start again")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        config = SFTConfig(
+            output_dir=str(scratch / "trainer"),
+            seed=args.seed,
+            max_steps=settings["steps"],
+            per_device_train_batch_size=settings["batch_size"],
+            learning_rate=settings["learning_rate"],
+            lr_scheduler_type="constant",
+            dataset_kwargs={"skip_prepare_dataset": True},  # rows are task ids, see the collator
+            use_cpu=args.device == "cpu",
+            bf16=args.device != "cpu",
+            gradient_checkpointing=False,
+            save_strategy="no",
+            logging_steps=10,
+            report_to="none",
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+        )
+        trainer = SFTTrainer(
+            model=model,
+            args=config,
+            train_dataset=dataset,
+            processing_class=processor,
+            data_collator=demonstration_collator(processor, demos),
+        )
+        result = trainer.train()
+        model_dir = scratch / "model"
+        trainer.model.save_pretrained(model_dir)
+        processor.save_pretrained(model_dir)
+        os.replace(model_dir, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    files = file_manifest(out)
+    write_receipt(
+        receipts / "sft.json",
+        "sft",
+        subjects=[subject(out / path, digest) for path, digest in files.items()],
+        predicate={
+            "directory": out.as_posix(),
+            "files": files,
+            "sha256": aggregate_digest(files),
+            "settings": settings,
+            "seed": args.seed,
+            "base_model": Path(args.model).as_posix(),
+            "demonstrations": len(demos),
+            "task_ids": sorted(demos),
+            "final_train_loss": result.training_loss,
+        },
+        depends_on=[receipts / name for name in FREEZE_RECEIPTS],
+    )
+    return {"demonstrations": len(demos), "steps": settings["steps"], "loss": result.training_loss}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.sft", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
+    parser.add_argument("--model", required=True, help="the pinned model folder")
+    parser.add_argument("--tasks", required=True, help="the training split (train.jsonl)")
+    parser.add_argument("--solutions", required=True, help="solutions.jsonl with oracle actions")
+    parser.add_argument("--settings", required=True, help="training.sft from the config, as JSON")
+    parser.add_argument("--out", required=True, help="the warm-started model folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        summary = train(args)
+    except (GuardError, ConfigError, ModelPinError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"sft: {summary['demonstrations']} demonstrations, {summary['steps']} steps, "
+        f"final loss {summary['loss']:.4f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
