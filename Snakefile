@@ -19,6 +19,6 @@ include: "rules/train.smk"
 
 rule all:
     input:
-        all_inputs(),
+        run_pins(),
         train_outputs(),
     default_target: True

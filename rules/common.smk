@@ -53,5 +53,6 @@ def run_dir(arm, seed):
     return f"{RESULTS}/{arm}/seed{seed}"
 
 
-def all_inputs():
+def run_pins():
+    """What each selected (arm, seed) run is pinned to."""
     return [f"{run_dir(arm, seed)}/pins.json" for arm, seed in RUNS]

@@ -123,9 +123,11 @@ rule pins:
         " --out {output} > {log} 2>&1"
 
 
+# Everything that is frozen before the first training step, the runs' pins included.
 rule freeze:
     input:
         expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS),
+        run_pins(),
 
 
 # No inputs on purpose: verify must check what is on disk, never trigger a rebuild first.

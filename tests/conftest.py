@@ -89,9 +89,10 @@ class Workflow:
 
 @pytest.fixture(scope="session")
 def frozen_once(tmp_path_factory, make_workflow) -> Path:
-    """One real freeze of a copy of the workflow (snakemake --cores 1), shared by the session."""
+    """One real freeze of a copy of the workflow (snakemake --cores 1 freeze), shared by the
+    session."""
     workflow = make_workflow(tmp_path_factory.mktemp("frozen"))
-    result = workflow.snakemake(timeout=900)
+    result = workflow.snakemake("freeze", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return workflow.root
 
