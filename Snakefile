@@ -15,10 +15,11 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/freeze.smk"
 include: "rules/train.smk"
+include: "rules/eval.smk"
+include: "rules/analysis.smk"
 
 
 rule all:
     input:
-        run_pins(),
-        train_outputs(),
+        answer_outputs(),
     default_target: True

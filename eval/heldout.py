@@ -9,7 +9,8 @@ Per the frozen protocol: every held-out task, `episodes_per_task` episodes for e
 seed, at most `max_steps` actions each, on the pre-registered evaluation backend (the same arm's
 environment for every arm under test). The prompt, tools and action mapping are the trainer's
 (trainer/agent.py), so the policy is asked exactly what it was trained on. Decoding is greedy
-unless the protocol sets a temperature; the evaluation seed seeds the sampler.
+unless the protocol sets a temperature; the evaluation seed seeds the sampler. A turn may be as
+long as a training turn (the run's pinned `max_completion_length`).
 
 An invalid episode (any gate failed) is retried up to `max_invalid_retries` times and counted;
 a checkpoint left short of valid episodes on any task is marked `scored: false` and gets no rate
@@ -36,10 +37,10 @@ class Protocol:
     max_steps: int
     max_invalid_retries: int
     temperature: float
-    max_new_tokens: int = 96
+    max_new_tokens: int
 
     @classmethod
-    def from_target(cls, raw: dict) -> Protocol:
+    def from_target(cls, raw: dict, max_new_tokens: int) -> Protocol:
         e = raw["evaluation"]
         return cls(
             episodes_per_task=e["episodes_per_task"],
@@ -47,6 +48,7 @@ class Protocol:
             max_steps=e["max_steps"],
             max_invalid_retries=e.get("max_invalid_retries", 3),
             temperature=float(e.get("temperature", 0.0)),
+            max_new_tokens=max_new_tokens,
         )
 
 
@@ -225,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if {t["id"] for t in tasks} != heldout_ids(args.receipts):
         print(f"error: {args.heldout} is not the frozen held-out set", file=sys.stderr)
         return 2
-    protocol = Protocol.from_target(target.raw)
+    # A turn may be as long at evaluation as in training: the run's pinned completion length.
+    pins = json.loads((Path(args.checkpoint).parent.parent / "pins.json").read_text())
+    protocol = Protocol.from_target(target.raw, pins["training"]["grpo"]["max_completion_length"])
     backend_config = json.loads(args.backend)
     backend_name = target.evaluation_backend
     prices = target.raw["prices"]

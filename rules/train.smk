@@ -25,6 +25,7 @@ if SFT_ENABLED:
             receipt=f"{RECEIPTS}/sft.json",
         params:
             settings=as_arg(config["training"]["sft"]),
+        threads: workflow.cores
         log:
             f"{LOGS}/sft.log",
         shell:
@@ -50,6 +51,9 @@ checkpoint train:
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
+    # The whole machine for one run at a time: a second run beside it would slow it down and
+    # distort the wall-clock that time-to-target is measured by.
+    threads: workflow.cores
     log:
         main=f"{LOGS}/train_{{arm}}_seed{{seed}}.log",
         host=f"{LOGS}/train_{{arm}}_seed{{seed}}.host.log",

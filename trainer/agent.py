@@ -82,7 +82,16 @@ def fail():
     """Declare the task impossible to finish."""
 
 
-TOOLS = [click, double_click, type_text, press, scroll, done, fail]
+# The tool set, chosen HERE and nowhere else (every stage imports TOOLS). "computer_13" covers
+# every family; "click" (click and done) covers the single-click families (click_button, also in
+# the templated layout) and renders a system prompt about a third as long, which makes each
+# generation and training step on the tiny CPU model that much cheaper.
+TOOL_SETS = {
+    "computer_13": (click, double_click, type_text, press, scroll, done, fail),
+    "click": (click, done),
+}
+TOOL_SET = "computer_13"
+TOOLS = list(TOOL_SETS[TOOL_SET])
 
 
 def _to_action(kind: str, **parameters) -> dict:
@@ -100,7 +109,8 @@ _ACTIONS = {
     "fail": lambda: _to_action("FAIL"),
 }
 _BY_NAME = {tool.__name__: tool for tool in TOOLS}
-assert set(_ACTIONS) == set(_BY_NAME), "every tool needs exactly one action mapping"
+_ALL = {tool.__name__ for tools in TOOL_SETS.values() for tool in tools}
+assert set(_ACTIONS) == _ALL, "every tool needs exactly one action mapping"
 
 
 def action_for(name: str, arguments: Mapping | None) -> dict:

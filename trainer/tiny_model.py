@@ -273,6 +273,13 @@ def train_tokenizer(corpus: Iterable[str], spec: TinySpec):
     trained = json.loads(raw.to_str())["model"]
     vocab: dict[str, int] = trained["vocab"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    # No token may span two newlines ("Ċ" is the byte-level "\n"). A generation prompt ends in
+    # "<|im_start|>assistant\n" and the assistant's turn goes on with "\n<tool_call>", but a
+    # rendered conversation (what SFT trains on) spells that "\n\n" as one merged token, so a
+    # model trained on whole conversations never saw the token that generation must continue
+    # from, and its first generated tokens came out wrong. Splitting newline runs makes both
+    # tokenize alike.
+    merges = [m for m in merges if "ĊĊ" not in "".join(m)]
 
     added = {
         len(vocab) + i: AddedToken(text, special=special, normalized=False)

@@ -1,11 +1,17 @@
 """Build the seeded task set: tasks.jsonl, solutions.jsonl and index.json.
 
     python -m envs.tasks.build --seed 1 --per-family 12 --out DIR [--check]
+        [--layout seeded|templated --templates K --families ...]
 
 Every task is a function of (seed, family, index) and the screen size. tasks.jsonl is what an
 environment is created with (no solutions inside); solutions.jsonl holds, per task id, the oracle
 action list and the near misses, for the validator only. `--check` builds twice and fails on any
 byte difference. GENERATOR_VERSION changes whenever a build's bytes change.
+
+`--layout seeded` (the default) places widgets at seeded random spots (envs/tasks/layout.py);
+`--layout templated --templates K` uses K layout templates per family told apart by a global cue
+(envs/tasks/templated.py; click_button only so far). A templated task's `generator` field and
+the index name the layout and K; a seeded build's bytes are those of before the option existed.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
 from envs.desktop import Desktop
 from envs.tasks.checkers import out_of_scope_digest
+from envs.tasks import templated
 from envs.tasks.families import FAMILIES
 
 GENERATOR_VERSION = "1"
 OUTPUTS = ("tasks.jsonl", "solutions.jsonl", "index.json")
+LAYOUTS = ("seeded", "templated")
 
 
 def task_rng(seed: int, family: str, index: int) -> random.Random:
@@ -33,10 +41,19 @@ def task_rng(seed: int, family: str, index: int) -> random.Random:
     return random.Random(int(sha256_bytes(f"{seed}/{family}/{index}".encode())[:16], 16))
 
 
-def make_task(seed: int, family: str, index: int, width: int = 128, height: int = 128):
-    """(task, solution) for one (seed, family, index)."""
+def make_task(seed: int, family: str, index: int, width: int = 128, height: int = 128,
+              layout: str = "seeded", templates: int = 4):
+    """(task, solution) for one (seed, family, index) under a layout."""
+    generator = {"version": GENERATOR_VERSION, "seed": seed, "index": index}
     try:
-        spec = FAMILIES[family](task_rng(seed, family, index), width, height)
+        rng = task_rng(seed, family, index)
+        if layout == "templated":
+            spec, template = templated.make_spec(family, rng, width, height, seed, templates)
+            generator.update(layout=layout, templates=templates, template=template)
+        elif layout == "seeded":
+            spec = FAMILIES[family](rng, width, height)
+        else:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         desktop = Desktop(width, height)
         desktop.setup(spec.config)
     except ValueError as e:
@@ -57,7 +74,7 @@ def make_task(seed: int, family: str, index: int, width: int = 128, height: int 
                 "unchanged_sha256": out_of_scope_digest(initial, spec.may_change),
             },
         },
-        "generator": {"version": GENERATOR_VERSION, "seed": seed, "index": index},
+        "generator": generator,
     }
     near = [
         {"name": name, "actions": actions}
@@ -68,20 +85,22 @@ def make_task(seed: int, family: str, index: int, width: int = 128, height: int 
 
 
 def build(seed: int, per_family: int, width: int = 128, height: int = 128,
-          families: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+          families: list[str] | None = None, layout: str = "seeded",
+          templates: int = 4) -> tuple[list[dict], list[dict]]:
     tasks, solutions = [], []
     for family in families or list(FAMILIES):
         for index in range(per_family):
-            task, solution = make_task(seed, family, index, width, height)
+            task, solution = make_task(seed, family, index, width, height, layout, templates)
             tasks.append(task)
             solutions.append(solution)
     return tasks, solutions
 
 
 def write_build(out: Path, seed: int, per_family: int, width: int = 128, height: int = 128,
-                families: list[str] | None = None) -> dict:
+                families: list[str] | None = None, layout: str = "seeded",
+                templates: int = 4) -> dict:
     """Write the three files (each atomically) and return the index."""
-    tasks, solutions = build(seed, per_family, width, height, families)
+    tasks, solutions = build(seed, per_family, width, height, families, layout, templates)
     write_jsonl(out / "tasks.jsonl", tasks)
     write_jsonl(out / "solutions.jsonl", solutions)
     counts: dict[str, int] = {}
@@ -92,6 +111,7 @@ def write_build(out: Path, seed: int, per_family: int, width: int = 128, height:
         "seed": seed,
         "per_family": per_family,
         "screen": [width, height],
+        **({"layout": layout, "templates": templates} if layout != "seeded" else {}),
         "families": counts,
         "tasks": len(tasks),
         "near_misses": sum(len(s["near_misses"]) for s in solutions),
@@ -109,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--height", type=int, default=128)
     p.add_argument("--families", nargs="+", choices=list(FAMILIES), help="default: all")
+    p.add_argument("--layout", choices=LAYOUTS, default="seeded",
+                   help="seeded: random spots per task; templated: K templates per family")
+    p.add_argument("--templates", type=int, default=4, help="templated only: K (2..4)")
     p.add_argument("--check", action="store_true", help="build twice, fail on any byte difference")
     args = p.parse_args(argv)
     if args.per_family < 1:
         p.error("--per-family must be at least 1")
     t0 = time.perf_counter()
-    build_args = (args.seed, args.per_family, args.width, args.height, args.families)
+    build_args = (args.seed, args.per_family, args.width, args.height, args.families,
+                  args.layout, args.templates)
     try:
         if args.check:
             with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

@@ -1,0 +1,54 @@
+"""One run's learning curve as a table: per checkpoint, the counters and the held-out result.
+
+python -m analysis.run_table results/<exp>/<arm>/seed<k> --out curve.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from analysis.outcome import Run
+
+COLUMNS = [
+    "checkpoint",
+    "valid_trajectories",
+    "invalid_discarded",
+    "wall_clock_s",
+    "env_cost_usd",
+    "inference_cost_usd",
+    "heldout_success_rate",
+    "heldout_episodes",
+    "heldout_invalid",
+    "scored",
+]
+
+
+def run_table(run: Run) -> pd.DataFrame:
+    rows = []
+    for checkpoint in sorted(run.checkpoints, key=lambda c: c["valid_trajectories"]):
+        evaluation = run.evaluations.get(checkpoint["checkpoint"], {})
+        rows.append(
+            {
+                **{k: checkpoint.get(k) for k in COLUMNS[:6]},
+                "heldout_success_rate": evaluation.get("success_rate"),
+                "heldout_episodes": evaluation.get("episodes"),
+                "heldout_invalid": evaluation.get("invalid"),
+                "scored": evaluation.get("scored", False),
+            }
+        )
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.run_table", description=__doc__)
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    run_table(Run.load(args.run_dir)).to_csv(args.out, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

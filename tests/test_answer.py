@@ -1,0 +1,88 @@
+"""The whole embedded default A/B on a tiny budget, through Snakemake: freeze, SFT, GRPO on both
+arms, held-out evaluation of every checkpoint, the outcome, the report, and receipts that verify."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXP = "embedded-default-v1"
+RESULTS = Path("results") / EXP
+RECEIPTS = Path("receipts") / EXP
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory, make_workflow):
+    workflow = make_workflow(tmp_path_factory.mktemp("answer"))
+
+    def config(c):
+        c["training"]["sft"].update(steps=2, batch_size=4)
+        c["training"]["grpo"].update(
+            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=24
+        )
+
+    def target(t):
+        t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
+        t["evaluation"].update(checkpoint_interval=4, max_steps=1)
+
+    workflow.edit_config(config)
+    workflow.edit_target(target)
+    for targets in ((), ("report",)):
+        result = workflow.snakemake(*targets, timeout=1500)
+        logs = "".join(p.read_text()[-2000:] for p in (workflow.root / "logs").rglob("*.log"))
+        assert result.returncode == 0, result.stderr[-3000:] + logs
+    return workflow
+
+
+def test_outcome_has_both_arms_and_a_verdict(answered):
+    outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in outcome["runs"]) == [("drums", 1), ("restore", 1)]
+    for row in outcome["runs"]:
+        # reached, or an honest "never reached target" with the budget spent
+        assert row["reached"] or row["verdict"] == "never reached target"
+        spent = row if row["reached"] else row["budget_spent"]
+        assert spent["valid_trajectories"] >= 4
+    assert outcome["coincidence"][0]["candidate"] == "drums"
+    assert outcome["coincidence"][0]["verdict"] in ("coincide", "differ", "inconclusive")
+    text = (answered.root / RESULTS / "outcome.md").read_text()
+    assert text.index("## Learning curves") < text.index("## Time to target")
+    assert "one seed per arm" in text
+
+
+def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
+    for arm in ("restore", "drums"):
+        run_dir = answered.root / RESULTS / arm / "seed1"
+        names = [json.loads(x)["checkpoint"] for x in (run_dir / "checkpoints.jsonl").open()]
+        assert names
+        for name in names:
+            record = json.loads((run_dir / "eval" / f"{name}.json").read_text())
+            assert record["backend"] == "restore"
+            assert record["episodes"] + record["invalid"] >= 24  # every held-out task played
+            assert record["wall_s"] > 0 and record["cost_usd"] > 0
+
+
+def test_report_and_figures_exist(answered):
+    report = (answered.root / "report.html").read_text(errors="replace")
+    assert len(report) > 10_000
+    for figure in ("curves_valid.png", "curves_wallclock.png"):
+        assert (answered.root / RESULTS / "figures" / figure).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_receipts_verify_including_the_outcome(answered):
+    result = subprocess.run(
+        [sys.executable, "-m", "envab.verify", str(RECEIPTS)],
+        cwd=answered.root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "outcome.json  (the receipt itself)" in result.stdout
+    outcome_receipt = json.loads((answered.root / RECEIPTS / "outcome.json").read_text())
+    depends = {d["name"] for d in outcome_receipt["predicate"]["depends_on"]}
+    assert (RECEIPTS / "split.json").as_posix() in depends
+    assert (RECEIPTS / "sft.json").as_posix() in depends
