@@ -14,6 +14,7 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/freeze.smk"
+include: "rules/guest.smk"
 include: "rules/train.smk"
 include: "rules/eval.smk"
 include: "rules/analysis.smk"

@@ -38,6 +38,7 @@ checkpoint train:
     input:
         target=config["preregistration"],
         pins=f"{RESULTS}/{{arm}}/seed{{seed}}/pins.json",
+        guest=lambda w: [f"{RESULTS}/{w.arm}/guest.json"] if w.arm in QEMU_ARMS else [],
         model=training_model(),
         receipts=expand(f"{RECEIPTS}/{{name}}", name=FREEZE_RECEIPTS)
         + ([f"{RECEIPTS}/sft.json"] if SFT_ENABLED else []),

@@ -81,6 +81,22 @@ class Workflow:
         update(target)
         path.write_text(yaml.safe_dump(target, sort_keys=False))
 
+    def embedded_arms(self) -> None:
+        """Both arms on the embedded host (a restore per rollout against a fork): the whole
+        pipeline without QEMU, fault switches included. The QEMU arm has tests of its own."""
+        arms = {
+            "restore": {"backend": "drums", "url": "embedded", "mode": "restore"},
+            "drums": {"backend": "drums", "url": "embedded", "mode": "fork"},
+        }
+        self.edit_config(lambda c: c.update(arms=arms))
+
+        def target(t):
+            t["arms"] = list(arms)
+            t["prices"]["host_usd_per_hour"] = {arm: 0.10 for arm in arms}
+            t["evaluation"]["backend"] = "restore"
+
+        self.edit_target(target)
+
     def python(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, *args], cwd=self.root, capture_output=True, text=True, timeout=300

@@ -29,6 +29,7 @@ def answered(tmp_path_factory, make_workflow):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
         t["evaluation"].update(checkpoint_interval=4, max_steps=1)
 
+    workflow.embedded_arms()
     workflow.edit_config(config)
     workflow.edit_target(target)
     for targets in ((), ("report",)):

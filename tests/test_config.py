@@ -31,8 +31,8 @@ def error_lines(result) -> list[str]:
         (lambda c: c.update(colour="blue"), "unknown key ('colour' was unexpected)"),
         (
             lambda c: c["arms"].pop("drums"),
-            "config: arms: configured ['restore'] but the pre-registration names "
-            "['drums', 'restore']",
+            "config: arms: configured ['qemu'] but the pre-registration names "
+            "['drums', 'qemu']",
         ),
     ],
 )
@@ -54,8 +54,8 @@ def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
         ),
         (lambda t: t.pop("budget"), "'budget' is a required property"),
         (
-            lambda t: t["evaluation"].update(backend="qemu"),
-            "evaluation.backend: 'qemu' is not one of the arms",
+            lambda t: t["evaluation"].update(backend="restore"),
+            "evaluation.backend: 'restore' is not one of the arms",
         ),
     ],
 )
@@ -69,10 +69,10 @@ def test_bad_preregistration_value_is_one_clear_line(workflow, edit, expected):
 
 
 def test_unknown_arm_or_seed_is_refused_with_the_valid_ones(workflow):
-    result = workflow.snakemake("-n", "--config", "arm=qemu")
+    result = workflow.snakemake("-n", "--config", "arm=restore")
     assert result.returncode != 0
     assert error_lines(result) == [
-        "env-ab: arm='qemu' is not a registered arm; valid arms: ['restore', 'drums']"
+        "env-ab: arm='restore' is not a registered arm; valid arms: ['qemu', 'drums']"
     ]
     result = workflow.snakemake("-n", "--config", "seed=7")
     assert result.returncode != 0
@@ -94,9 +94,9 @@ def test_config_selection_restricts_the_dry_run(workflow):
     everything = workflow.snakemake("-n")
     one = workflow.snakemake("-n", "--config", "arm=drums", "seed=1")
     assert everything.returncode == 0 and one.returncode == 0, everything.stderr + one.stderr
-    assert "results/embedded-default-v1/restore/seed1/pins.json" in everything.stdout
+    assert "results/embedded-default-v1/qemu/seed1/pins.json" in everything.stdout
     assert "results/embedded-default-v1/drums/seed1/pins.json" in one.stdout
-    assert "results/embedded-default-v1/restore/seed1/pins.json" not in one.stdout
+    assert "results/embedded-default-v1/qemu/seed1/pins.json" not in one.stdout
 
 
 def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():
@@ -105,16 +105,11 @@ def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():
     two_seeds = Target(
         target.experiment_id, target.threshold, target.arms, (1, 2), target.evaluation_backend, raw
     )
-    assert selected_runs({}, two_seeds) == [
-        ("restore", 1),
-        ("restore", 2),
-        ("drums", 1),
-        ("drums", 2),
-    ]
+    assert selected_runs({}, two_seeds) == [("qemu", 1), ("qemu", 2), ("drums", 1), ("drums", 2)]
     assert selected_runs({"arm": "drums"}, two_seeds) == [("drums", 1), ("drums", 2)]
-    assert selected_runs({"seed": "2"}, two_seeds) == [("restore", 2), ("drums", 2)]
+    assert selected_runs({"seed": "2"}, two_seeds) == [("qemu", 2), ("drums", 2)]
     with pytest.raises(ConfigError, match="valid arms"):
-        selected_runs({"arm": "qemu"}, two_seeds)
+        selected_runs({"arm": "restore"}, two_seeds)
 
 
 def test_shipped_config_and_target_are_valid():

@@ -23,14 +23,14 @@ def verify(workflow):
 def test_freeze_writes_every_receipt_and_verify_passes(frozen):
     for name in ("preregistration.json", "split.json", "code.json", "model.json"):
         assert (frozen.root / RECEIPTS / name).is_file(), name
-    for arm in ("restore", "drums"):
+    for arm in ("qemu", "drums"):
         pins = json.loads((frozen.root / RESULTS / arm / "seed1" / "pins.json").read_text())
         assert pins["arm"] == arm
-    restore, drums = (
+    qemu, drums = (
         json.loads((frozen.root / RESULTS / arm / "seed1" / "pins.json").read_text())
-        for arm in ("restore", "drums")
+        for arm in ("qemu", "drums")
     )
-    assert restore["comparable_sha256"] == drums["comparable_sha256"]
+    assert qemu["comparable_sha256"] == drums["comparable_sha256"]
     code, failed = verify(frozen)
     assert (code, failed) == (0, [])
     result = frozen.snakemake("verify")

@@ -47,6 +47,7 @@ def tiny(workflow) -> None:
         t["budget"].update(max_wall_clock_s=900, max_valid_trajectories=BUDGET_VALID)
         t["evaluation"]["checkpoint_interval"] = INTERVAL
 
+    workflow.embedded_arms()
     workflow.edit_config(config)
     workflow.edit_target(target)
 

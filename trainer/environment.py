@@ -233,6 +233,14 @@ def open_arm(arm_config: Mapping, *, log_path: str | None = None, allow_faults: 
     """The backend an arm's pinned config names. `allow_faults` starts the embedded host with its
     fault switches on (tests and reliability runs); a real host is never asked to inject faults."""
     backend, url = arm_config["backend"], arm_config.get("url")
+    if backend == "qemu":
+        if allow_faults:
+            raise GuardError("fault injection is a switch of the embedded host, not of a VM pool")
+        from envs.qemu import QemuConfig, QemuPool
+
+        with QemuPool(QemuConfig.from_arm(arm_config)) as pool:
+            yield pool
+        return
     if backend != "drums" or not url:
         raise GuardError(
             f"arm backend {backend!r} (url {url!r}) is not wired into the trainer yet; "

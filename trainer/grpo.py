@@ -288,6 +288,8 @@ def train(args) -> dict:
         finally:
             groups.close()
             progress.close()
+        # What the arm is, beyond its config (a VM pool: acceleration, guest and snapshot digests).
+        environment = backend.describe() if hasattr(backend, "describe") else None
 
     # 5. the run's record
     record = {
@@ -306,6 +308,7 @@ def train(args) -> dict:
         "fault_plan_sha256": fault_plan_sha256,
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
+        "environment": environment,
     }
     atomic_write_json(out / "run.json", record)
     return record

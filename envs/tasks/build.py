@@ -27,8 +27,8 @@ from pathlib import Path
 from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
 from envs.desktop import Desktop
-from envs.tasks.checkers import out_of_scope_digest
 from envs.tasks import templated
+from envs.tasks.checkers import out_of_scope_digest
 from envs.tasks.families import FAMILIES
 
 GENERATOR_VERSION = "1"
