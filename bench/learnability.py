@@ -1,294 +1,247 @@
-"""Does the embedded tiny Qwen3-VL learn to use the screenshot? A reproducible study (issue 4).
+"""Does the embedded default learn? The study of the templated layout, through the real pieces.
 
-    python bench/learnability.py [--condition global|locate|select|all] [--steps N] [--out F.json]
+    python bench/learnability.py --out /tmp/study [--sft-steps 200 --grpo-steps 60 --arm local]
 
-Seen so far (one seed each, batch 32, lr 2e-3): `global` learns in ~100 steps; `locate` on a 2x2
-grid stayed at chance for 700 steps without the builder changes and, with both, jumped to 0.92 at
-step 600 in one run whose cosine schedule spanned 1200 steps, but not in the run below (700-step
-schedule): the transition is not reliable yet. Try longer schedules (--steps 1200):
+Builds a templated click_button task set (envs/tasks/templated.py: 4 layout templates told apart
+by a cue band, each label at a fixed slot of its template), splits it as the pipeline does
+(envab/split.py), builds `builtin:tiny-qwen3-vl` from the training instructions, then:
 
-    python bench/learnability.py --condition locate --side 64 --steps 700 --eval-every 100 \
-        --rope-theta 100 --pos-init 2
+1. held-out success of the pinned model (greedy, eval.heldout.evaluate on LocalBackend);
+2. SFT warm start: TRL's SFTTrainer with trainer/sft.py's demonstrations and collator, rendered
+   WITH the tool prompt (`--sft-prompt tools`), which is what GRPO and the evaluation render;
+   trainer/sft.py as committed renders no tools, so the warm start is trained on a 29-token
+   prompt and evaluated on a ~256-token one (`--sft-prompt plain` reproduces that: 0 % held-out);
+3. held-out success after SFT, and with a blank first screenshot (the window colour only);
+4. GRPO: TRL's GRPOTrainer with trainer/environment.py's environment on the chosen arm
+   (`local`: LocalBackend; `restore` / `fork`: the embedded Drums host), trainer/grpo.py's config;
+5. held-out success after GRPO, and its blank ablation; chance = 1/templates for a policy that
+   knows every (template, label) slot but not which template is on screen.
 
-One screenshot -> one click, trained with plain supervised steps (the oracle click) from the
-random initialisation of `builtin:tiny-qwen3-vl`, evaluated on held-out screens (fresh seeds):
-
-- `global`: the whole screen has one of 16 colours and the colour says which of 16 cells to click.
-  A control: the image reaches the answer only as a global property, no localisation needed.
-- `locate`: one coloured square in one of the grid's cells ("Click Red."); the square's cell is the
-  answer. Needs localisation only.
-- `select`: three coloured squares, the instruction names one. Needs localisation and matching.
-
-The prompt is the shortest the Qwen3-VL template renders (no tool schema, no system prompt):
-`<image> Click Red.` and the answer is the tool call TRL parses,
-`<tool_call>{"name": "click", "arguments": {"x": 48, "y": 80}}</tool_call>`, with coordinates
-snapped to the centre of the merged vision token's cell. Success = all coordinate digits right
-(teacher-forced argmax, which equals greedy decoding once the call format is learned). Every
-evaluation also runs with a blank and with a shuffled screenshot, and reports the total-variation
-distance between the answer distributions with the real and a shuffled screenshot: 0 means the
-policy does not look at the screen at all.
-
-Candidate builder changes, each a flag, so their effect can be measured before anyone adopts them:
-`--rope-theta` (the text rotary base; the builder uses Qwen3-VL's 5e6, under which 4 neighbouring
-image positions are nearly indistinguishable) and `--pos-init` (a fixed one-hot 2-D code of this
-size in the vision position table instead of the random 0.02 one).
-Screenshots are turned into pixel values by an exact re-implementation of the image processor's
-patching (checked against it at start-up), which is ~10x faster than calling it per step.
+The tool set is trainer/agent.py's `TOOL_SETS[--toolset]` (default `click`: click and done).
+Earlier findings (the previous version of this script, random-init tiny model, supervised): a
+global screen property -> answer mapping is learned in ~150 steps; localising an object among
+image tokens stays at chance for hundreds of steps. Hence the templated layout.
 """
-
-from __future__ import annotations
-
 import argparse
+import contextlib
+import dataclasses
 import json
-import math
-import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--out", required=True, help="scratch folder (models, records, results.json)")
+p.add_argument("--per-family", type=int, default=128)
+p.add_argument("--templates", type=int, default=4)
+p.add_argument("--toolset", default="click")
+p.add_argument("--sft-steps", type=int, default=200)
+p.add_argument("--sft-batch", type=int, default=16)
+p.add_argument("--sft-lr", type=float, default=3e-3)
+p.add_argument("--sft-prompt", choices=("tools", "plain"), default="tools")
+p.add_argument("--grpo-steps", type=int, default=60)
+p.add_argument("--grpo-lr", type=float, default=1e-3)
+p.add_argument("--gens", type=int, default=8)
+p.add_argument("--prompts", type=int, default=2)
+p.add_argument("--temp", type=float, default=1.0)
+p.add_argument("--arm", choices=("local", "restore", "fork"), default="local")
+p.add_argument("--threads", type=int, default=1)
+args = p.parse_args()
 
+torch.set_num_threads(args.threads)
+
+from trainer import agent  # noqa: E402
+
+agent.TOOLS[:] = list(agent.TOOL_SETS[args.toolset])
+agent._BY_NAME.clear()
+agent._BY_NAME.update({t.__name__: t for t in agent.TOOLS})
+
+from envab.split import split_tasks  # noqa: E402
+from envs.tasks.local import LocalBackend  # noqa: E402
+from eval.heldout import Policy, Protocol, evaluate  # noqa: E402
 from trainer import tiny_model  # noqa: E402
 from trainer.tiny_model import TinySpec  # noqa: E402
 
-PALETTE = {
-    "Red": (220, 30, 30), "Blue": (30, 60, 220), "Green": (30, 170, 50), "Gold": (230, 190, 20),
-    "Pink": (240, 120, 200), "Cyan": (30, 210, 220), "Black": (10, 10, 10), "Lime": (160, 240, 40),
-}
-GLOBAL_COLOURS = [(r, g, b) for r in (0, 255) for g in (0, 100, 200, 255) for b in (0, 255)]
-BACKGROUND = (228, 228, 228)
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+from envs.tasks.build import build  # noqa: E402
+
+tasks, solutions = build(1, args.per_family, families=["click_button"], layout="templated",
+                         templates=args.templates)
+sols = {s["id"]: s for s in solutions}
+split = split_tasks(tasks, 0, 0.25)
+train, held = split.train, split.heldout
+print("train", len(train), "held", len(held), flush=True)
+results = {"args": vars(args)}
+
+pinned = out / "pinned"
+if not pinned.exists():
+    tiny_model.build(sorted({t["instruction"] for t in train}), pinned, TinySpec(seed=0))
+
+proto = Protocol(episodes_per_task=1, seeds=(0,), max_steps=6, max_invalid_retries=0,
+                 temperature=0.0)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--condition", default="all", choices=("global", "locate", "select", "all"))
-    p.add_argument("--side", type=int, default=64, help="screen side in pixels (multiple of 32)")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--held-out", type=int, default=256)
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--rope-theta", type=float, default=None, help="override the text rope base")
-    p.add_argument("--pos-init", type=float, default=0.0, help="one-hot 2-D vision position code")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", help="write the results table as JSON here")
-    return p.parse_args(argv)
+class BlankFirst:
+    """The backend, but the first screenshot is the window colour only."""
+    can_fork = False
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create(self, task):
+        from PIL import Image
+        s = self.inner.create(task)
+        shot = s.observation.screenshot
+        s.observation = dataclasses.replace(
+            s.observation, screenshot=Image.new("RGB", shot.size, (228, 228, 228)))
+        return s
 
 
-# --- screens -------------------------------------------------------------------------------------
+def ev(model_dir, tasks_, backend=None, tag=""):
+    t0 = time.time()
+    pol = Policy(model_dir, 0.0, 96)
+    r = evaluate(pol, backend or LocalBackend(), tasks_, proto)
+    turns = [e["turns"] for e in r["episode_records"]]
+    print(f"eval {tag}: {r['success_rate']:.3f} ({r['successes']}/{r['episodes']}) "
+          f"turns {sum(turns)/len(turns):.2f} in {time.time()-t0:.1f}s", flush=True)
+    return r["success_rate"]
 
 
-def make_screen(rng: random.Random, condition: str, side: int):
-    """(image, colour named in the instruction, answer cell) for one seeded screen."""
-    grid = side // 32  # one merged vision token per 32x32 cell (patch 16, merge 2)
-    if condition == "global":
-        cell = rng.randrange(grid * grid)
-        return Image.new("RGB", (side, side), GLOBAL_COLOURS[cell % 16]), "Red", cell
-    k = 1 if condition == "locate" else 3
-    cells = rng.sample(range(grid * grid), k)
-    names = rng.sample(list(PALETTE), k)
-    img = Image.new("RGB", (side, side), BACKGROUND)
-    d = ImageDraw.Draw(img)
-    for cell, name in zip(cells, names, strict=True):
-        s = rng.randint(16, 26)
-        x0 = 32 * (cell % grid) + rng.randint(2, 32 - s - 2)
-        y0 = 32 * (cell // grid) + rng.randint(2, 32 - s - 2)
-        d.rectangle([x0, y0, x0 + s - 1, y0 + s - 1], fill=PALETTE[name], outline=(0, 0, 0))
-    return img, names[0], cells[0]
+def prompt_len(model_dir):
+    from transformers import AutoProcessor
+    proc = AutoProcessor.from_pretrained(model_dir)
+    shot = agent.first_screenshot(train[0])
+    ids = proc.apply_chat_template(agent.task_prompt(train[0], shot), tools=agent.TOOLS,
+                                   add_generation_prompt=True, tokenize=True, return_dict=True)
+    return len(ids["input_ids"][0]) if hasattr(ids["input_ids"][0], "__len__") else len(
+        ids["input_ids"])
 
 
-def cell_centre(cell: int, side: int) -> tuple[int, int]:
-    grid = side // 32
-    return 16 + 32 * (cell % grid), 16 + 32 * (cell // grid)
+results["prompt_tokens"] = prompt_len(pinned)
+print("prompt tokens", results["prompt_tokens"], flush=True)
 
+sft_dir = out / "sft"
+results["pinned"] = ev(pinned, held, tag="pinned")
+from datasets import Dataset
+from transformers import set_seed
+from trl import SFTConfig, SFTTrainer
 
-def pixel_values(images, patch=16, merge=2, temporal=2):
-    """Qwen2VLImageProcessor's output for screens already at a multiple of patch*merge."""
-    x = torch.from_numpy(np.stack([np.asarray(im, dtype=np.float32) for im in images]))
-    x = (x / 255.0 - 0.5) / 0.5
-    b, h, w, c = x.shape
-    x = x.permute(0, 3, 1, 2).unsqueeze(1).repeat(1, temporal, 1, 1, 1)
-    gh, gw = h // patch, w // patch
-    x = x.reshape(b, 1, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
-    x = x.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
-    return x.reshape(b * gh * gw, c * temporal * patch * patch), torch.tensor([[1, gh, gw]] * b)
+from trainer.model import load
+from trainer.sft import demonstration, demonstration_collator
+demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"]) for t in train}
+set_seed(0)
+model, processor = load(pinned)
+collator = demonstration_collator(processor, demos)
+if args.sft_prompt == "tools":
+    inner = processor.apply_chat_template
 
+    class P:  # the processor, with the tool prompt rendered
+        def __getattr__(self, k):
+            return getattr(processor, k)
 
-# --- the model -----------------------------------------------------------------------------------
+        def apply_chat_template(self, m, **kw):
+            return inner(m, tools=agent.TOOLS, **kw)
+    collator.processor = P()
+cfg = SFTConfig(output_dir=str(out / "sft_scratch"), seed=0, max_steps=args.sft_steps,
+                per_device_train_batch_size=args.sft_batch, learning_rate=args.sft_lr,
+                lr_scheduler_type="constant", dataset_kwargs={"skip_prepare_dataset": True},
+                use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no",
+                logging_steps=10, report_to="none", remove_unused_columns=False,
+                dataloader_num_workers=0)
+ds = Dataset.from_list([{"task_id": i} for i in sorted(demos)])
+tr = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=processor,
+                data_collator=collator)
+t0 = time.time()
+res = tr.train()
+results["sft_s_per_step"] = (time.time() - t0) / args.sft_steps
+results["sft_loss"] = res.training_loss
+tr.model.save_pretrained(sft_dir)
+processor.save_pretrained(sft_dir)
+print(f"sft {args.sft_steps} steps {results['sft_s_per_step']:.2f}s/step", flush=True)
+results["sft"] = ev(sft_dir, held, tag="sft")
+results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
 
+if args.grpo_steps:
+    from datasets import Dataset
+    from transformers import set_seed
+    from trl import GRPOTrainer
 
-def build_model(args, folder: Path):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    import trainer.environment as envmod
+    from trainer.accounting import Ledger, Prices
+    from trainer.environment import GenerationClock, Run, environment_factory
+    from trainer.forkgroups import ForkGroups
+    from trainer.grpo import GrpoSettings, grpo_config
+    from trainer.guards import HeldoutGuard
+    from trainer.model import load
+    # the environment class got its tools at import: keep only this tool set
+    for name in ("double_click", "type_text", "press", "scroll", "fail"):
+        if name not in agent._BY_NAME and hasattr(envmod.ArmEnvironment, name):
+            delattr(envmod.ArmEnvironment, name)
+    set_seed(1)
+    tmap = {t["id"]: t for t in train}
+    rows, first = [], {}
+    for tid in sorted(tmap):
+        shot = agent.first_screenshot(tmap[tid])
+        first[tid] = agent.screenshot_sha256(shot)
+        rows.append(agent.dataset_row(tmap[tid], shot))
+    ds = Dataset.from_list(rows)
+    model, processor = load(sft_dir)
+    gdir = out / f"grpo_{args.arm}"
+    gdir.mkdir(exist_ok=True)
+    ledger = Ledger(str(gdir / "traj.jsonl"), str(gdir / "ckpt.jsonl"), args.arm, 1, 10**9,
+                    Prices(0.1, 0.2))
+    settings = GrpoSettings(args.grpo_lr, args.gens, args.prompts, 2, 64, args.temp, 0.0)
 
-    instructions = sorted(f"Click {name}." for name in PALETTE)
-    tiny_model.build(instructions, folder, TinySpec(seed=args.seed))
-    if args.rope_theta is not None:
-        config_path = folder / "config.json"
-        config = json.loads(config_path.read_text())
-        config["text_config"]["rope_parameters"]["rope_theta"] = args.rope_theta
-        config_path.write_text(json.dumps(config))
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-    processor = AutoProcessor.from_pretrained(folder)
-    if args.pos_init > 0:
-        table = model.model.visual.pos_embed.weight
-        n = round(table.shape[0] ** 0.5)
-        with torch.no_grad():
-            table.zero_()
-            for r in range(n):
-                for c in range(n):
-                    table[r * n + c, c] = args.pos_init
-                    table[r * n + c, n + r] = args.pos_init
-    return model, processor
+    class A:
+        device = "cpu"
+        vllm_server = None
+    cfg = grpo_config(settings, 1, gdir, A())
+    cfg.max_steps = args.grpo_steps
+    cfg.logging_steps = 5
+    if args.arm == "local":
+        cm = contextlib.nullcontext(LocalBackend())
+    else:
+        cm = envmod.open_arm({"backend": "drums", "url": "embedded", "mode": args.arm})
+    with cm as backend:
+        groups = ForkGroups(backend, args.gens)
+        run = Run(tmap, first, HeldoutGuard({t["id"] for t in held}), ledger, groups, 2,
+                  GenerationClock())
+        from transformers import TrainerCallback
 
-
-class Batcher:
-    def __init__(self, processor, side: int):
-        self.tok = processor.tokenizer
-        self.tok.padding_side = "right"
-        self.side = side
-        self.image_id = self.tok.convert_tokens_to_ids("<|image_pad|>")
-        self.start_id = self.tok.convert_tokens_to_ids("<|im_start|>")
-        self.template = processor
-        # The fast patching must equal the processor's.
-        probe = [Image.new("RGB", (side, side), (i * 40, 90, 200 - i * 30)) for i in range(3)]
-        want = processor.image_processor(images=probe, return_tensors="pt")["pixel_values"]
-        if (want - pixel_values(probe)[0]).abs().max() > 1e-5:
-            raise RuntimeError("fast patching differs from the image processor")
-
-    def text(self, colour: str, cell: int) -> str:
-        x, y = cell_centre(cell, self.side)
-        call = {"type": "function", "function": {"name": "click", "arguments": {"x": x, "y": y}}}
-        messages = [
-            {"role": "user",
-             "content": [{"type": "image"}, {"type": "text", "text": f"Click {colour}."}]},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-        ]
-        return self.template.apply_chat_template(messages, tokenize=False)
-
-    def __call__(self, screens, images=None):
-        n_img = (self.side // 32) ** 2
-        texts = [self.text(c, cell).replace("<|image_pad|>", "<|image_pad|>" * n_img)
-                 for _, c, cell in screens]
-        enc = dict(self.tok(texts, return_tensors="pt", padding=True))
-        ids = enc["input_ids"]
-        enc["mm_token_type_ids"] = (ids == self.image_id).long()
-        enc["pixel_values"], enc["image_grid_thw"] = pixel_values(images or [s[0] for s in screens])
-        labels = torch.full_like(ids, -100)
-        digits = []
-        for i in range(ids.shape[0]):
-            first = (ids[i] == self.start_id).nonzero().flatten()[-1].item() + 3
-            last = enc["attention_mask"][i].nonzero().flatten().max().item()
-            labels[i, first : last + 1] = ids[i, first : last + 1]
-            digits.append([j for j in range(first, last + 1)
-                           if self.tok.decode([ids[i, j].item()]).isdigit()])
-        enc["labels"] = labels
-        return enc, digits
-
-
-@torch.no_grad()
-def evaluate(model, batcher, screens, mode="real"):
-    """Success rate (all coordinate digits right) with the real, a blank or a shuffled screen."""
-    model.eval()
-    images = [s[0] for s in screens]
-    if mode == "blank":
-        images = [Image.new("RGB", im.size, BACKGROUND) for im in images]
-    elif mode == "shuffled":
-        images = images[1:] + images[:1]
-    hits, probs = 0, []
-    for i in range(0, len(screens), 64):
-        enc, digits = batcher(screens[i : i + 64], images[i : i + 64])
-        enc.pop("labels")
-        logits = model(**enc).logits
-        for b, dp in enumerate(digits):
-            hits += all(logits[b, j - 1].argmax() == enc["input_ids"][b, j] for j in dp)
-            probs.append(torch.stack([logits[b, j - 1].softmax(-1) for j in dp]))
-    model.train()
-    return hits / len(screens), probs
-
-
-def screen_dependence(model, batcher, screens) -> float:
-    """Mean total-variation distance between answer-digit distributions, real vs shuffled screen."""
-    _, real = evaluate(model, batcher, screens, "real")
-    _, other = evaluate(model, batcher, screens, "shuffled")
-    distances = [0.5 * (p - q).abs().sum(-1).mean().item()
-                 for p, q in zip(real, other, strict=True)]
-    return float(np.mean(distances))
-
-
-def run(args, condition: str) -> dict:
-    torch.manual_seed(args.seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        model, processor = build_model(args, Path(tmp) / "model")
-    batcher = Batcher(processor, args.side)
-    held_rng, train_rng = random.Random(10_000 + args.seed), random.Random(args.seed)
-    held = [make_screen(held_rng, condition, args.side) for _ in range(args.held_out)]
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * s / args.steps)),
-    )
-    grid = args.side // 32
-    chance = 1 / (grid * grid) if condition != "select" else 1 / 3
-    curve, start = [], time.time()
-    model.train()
-    for step in range(1, args.steps + 1):
-        screens = [make_screen(train_rng, condition, args.side) for _ in range(args.batch)]
-        enc, _ = batcher(screens)
-        loss = model(**enc).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        if step % args.eval_every == 0 or step == args.steps:
-            acc, _ = evaluate(model, batcher, held)
-            curve.append({"step": step, "loss": round(loss.item(), 4), "held_out": acc})
-            print(f"[{condition}] step {step} loss {loss.item():.3f} held-out {acc:.3f}",
-                  flush=True)
-    seconds = time.time() - start
-    return {
-        "condition": condition,
-        "side": args.side,
-        "cells": grid * grid,
-        "steps": args.steps,
-        "batch": args.batch,
-        "lr": args.lr,
-        "rope_theta": args.rope_theta,
-        "pos_init": args.pos_init,
-        "held_out": curve[-1]["held_out"],
-        "blank": evaluate(model, batcher, held, "blank")[0],
-        "shuffled": evaluate(model, batcher, held, "shuffled")[0],
-        "screen_dependence_tv": round(screen_dependence(model, batcher, held[:64]), 4),
-        "chance_cell": 1 / (grid * grid),
-        "chance_object": chance,
-        "seconds_per_step": round(seconds / args.steps, 3),
-        "curve": curve,
-    }
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    conditions = ("global", "locate", "select") if args.condition == "all" else (args.condition,)
-    rows = [run(args, c) for c in conditions]
-    print("| condition | cells | steps | held-out | blank | shuffled | TV real/shuffled | chance "
-          "| s/step |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['condition']} | {r['cells']} | {r['steps']} | {r['held_out']:.3f} | "
-              f"{r['blank']:.3f} | {r['shuffled']:.3f} | {r['screen_dependence_tv']:.3f} | "
-              f"{r['chance_cell']:.3f} | {r['seconds_per_step']:.2f} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        class Step(TrainerCallback):
+            def on_step_begin(self, a, state, c, **k):
+                if ledger.started is None:
+                    ledger.start()
+                run.step = state.global_step + 1
+        tr = GRPOTrainer(model=model, processing_class=processor, args=cfg, train_dataset=ds,
+                         environment_factory=environment_factory(run), callbacks=[Step()])
+        t0 = time.time()
+        tr.train()
+        results["grpo_s_per_step"] = (time.time() - t0) / args.grpo_steps
+        groups.close()
+    tr.model.save_pretrained(gdir / "model")
+    processor.save_pretrained(gdir / "model")
+    recs = [json.loads(x) for x in (gdir / "traj.jsonl").read_text().splitlines()]
+    n = len(recs) // 4
+    q = [sum(r["score"] or 0 for r in recs[i * n:(i + 1) * n]) / max(n, 1) for i in range(4)]
+    results["grpo_train_reward_quarters"] = q
+    print("grpo train reward by quarter", [round(x, 3) for x in q],
+          f"{results['grpo_s_per_step']:.2f}s/step", flush=True)
+    results["grpo"] = ev(gdir / "model", held, tag="grpo")
+    results["grpo_blank"] = ev(gdir / "model", held, BlankFirst(LocalBackend()),
+                               tag="grpo blank")
+results["chance"] = 1 / args.templates
+print("| stage | held-out | blank first screenshot | s/step |")
+print("|---|---|---|---|")
+print(f"| pinned | {results['pinned']:.3f} | | |")
+print(f"| SFT ({args.sft_steps} steps) | {results['sft']:.3f} | {results['sft_blank']:.3f} | "
+      f"{results['sft_s_per_step']:.2f} |")
+if args.grpo_steps:
+    print(f"| GRPO ({args.grpo_steps} steps, {args.arm}) | {results['grpo']:.3f} | "
+          f"{results['grpo_blank']:.3f} | {results['grpo_s_per_step']:.2f} |")
+print(f"chance (1/templates): {results['chance']:.3f}; prompt {results['prompt_tokens']} tokens")
+(out / "results.json").write_text(json.dumps(results, indent=1))
