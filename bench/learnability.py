@@ -126,12 +126,13 @@ print("prompt tokens", results["prompt_tokens"], flush=True)
 
 sft_dir = out / "sft"
 results["pinned"] = ev(pinned, held, tag="pinned")
-from datasets import Dataset
-from transformers import set_seed
-from trl import SFTConfig, SFTTrainer
+from datasets import Dataset  # noqa: E402
+from transformers import set_seed  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from trainer.model import load
-from trainer.sft import demonstration, demonstration_collator
+from trainer.model import load  # noqa: E402
+from trainer.sft import demonstration, demonstration_collator  # noqa: E402
+
 demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"]) for t in train}
 set_seed(0)
 model, processor = load(pinned)

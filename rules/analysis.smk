@@ -72,4 +72,4 @@ rule report:
     log:
         f"{LOGS}/report.log",
     shell:
-        "{PYTHON} -m snakemake --report {output} --nolock > {log} 2>&1"
+        "{PYTHON} -m snakemake --report {output} --nolock --cores 1 > {log} 2>&1"

@@ -3,6 +3,7 @@ import json
 import shlex
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from envab import preregistration
@@ -47,6 +48,15 @@ FREEZE_RECEIPTS = ["preregistration.json", "split.json", "code.json", "model.jso
 def as_arg(obj):
     """A config value as one shell-quoted JSON argument."""
     return shlex.quote(json.dumps(obj, sort_keys=True))
+
+
+def whole_machine():
+    """Threads for a timed job: every core Snakemake has, so it never runs beside another one
+    (1 where no core count was given, e.g. `snakemake --report`, which runs no job)."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
 
 
 def run_dir(arm, seed):

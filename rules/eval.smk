@@ -28,7 +28,7 @@ rule eval:
         seed=r"\d+",
     # The whole machine: an evaluation running beside a training run would slow the training
     # and so distort the wall-clock it is measured by.
-    threads: workflow.cores
+    threads: whole_machine()
     log:
         f"{LOGS}/eval_{{arm}}_seed{{seed}}_{{name}}.log",
     shell:

@@ -25,7 +25,7 @@ if SFT_ENABLED:
             receipt=f"{RECEIPTS}/sft.json",
         params:
             settings=as_arg(config["training"]["sft"]),
-        threads: workflow.cores
+        threads: whole_machine()
         log:
             f"{LOGS}/sft.log",
         shell:
@@ -54,7 +54,7 @@ checkpoint train:
         seed=r"\d+",
     # The whole machine for one run at a time: a second run beside it would slow it down and
     # distort the wall-clock that time-to-target is measured by.
-    threads: workflow.cores
+    threads: whole_machine()
     log:
         main=f"{LOGS}/train_{{arm}}_seed{{seed}}.log",
         host=f"{LOGS}/train_{{arm}}_seed{{seed}}.host.log",
