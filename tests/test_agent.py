@@ -126,6 +126,16 @@ def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, 
     assert learned.count("<tool_call>") == screens  # the oracle's calls and the final done
     assert tasks[task_id]["instruction"] not in learned
     assert int((batch["labels"] == image_pad).sum()) == 0
+    # The warm start learns from the very prompt GRPO and the evaluation render: tools included.
+    prompt = processor.apply_chat_template(
+        agent.task_prompt(tasks[task_id], agent.first_screenshot(tasks[task_id])),
+        tools=agent.TOOLS,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    prompt = prompt[0] if isinstance(prompt[0], list) else prompt
+    assert batch["input_ids"][0][: len(prompt)].tolist() == list(prompt)
 
 
 # --- the environment on the embedded host --------------------------------------------------------

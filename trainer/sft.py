@@ -81,10 +81,27 @@ def demonstration_collator(processor, demos: dict):
     # Loss on the assistant turns only (the tool calls), through TRL's training template, which
     # marks them with {% generation %}.
     return DemonstrationCollator(
-        processor=processor,
+        processor=WithTools(processor),
         assistant_only_loss=True,
         chat_template=get_training_chat_template(processor),
     )
+
+
+class WithTools:
+    """The processor, rendering every conversation with the agent's tools. TRL's vision collator
+    passes no `tools`, so without this the warm start would learn from a prompt without the tool
+    descriptions, shorter than the one GRPO and the held-out evaluation render."""
+
+    def __init__(self, processor):
+        self._processor = processor
+
+    def __getattr__(self, name):
+        return getattr(self._processor, name)
+
+    def apply_chat_template(self, conversation, **kwargs):
+        from trainer.agent import TOOLS
+
+        return self._processor.apply_chat_template(conversation, tools=TOOLS, **kwargs)
 
 
 def train(args) -> dict:
