@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from envab.receipts import utc_now
-from envs.drums import EMBEDDED, ActionRejected, DrumsBackend, connect
-from envs.host import serve_embedded, write_token_file
+from envs.drums import EMBEDDED, ActionRejected, connect
 from envs.protocol import Gate, Session, Verification
 from trainer import agent
 from trainer.accounting import Attempt, Ledger
@@ -246,16 +243,13 @@ def open_arm(arm_config: Mapping, *, log_path: str | None = None, allow_faults: 
             f"arm backend {backend!r} (url {url!r}) is not wired into the trainer yet; "
             "only drums arms (a drumsd URL or 'embedded') are"
         )
-    if url != EMBEDDED:
-        if allow_faults:
-            raise GuardError("fault injection needs the embedded host (url: embedded)")
-        with connect(url, token_file=arm_config.get("token_file")) as arm:
-            yield arm
-        return
-    with ExitStack() as stack:
-        token_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="envab-token-"))
-        token = write_token_file(Path(token_dir) / "token")
-        url = stack.enter_context(
-            serve_embedded(arm_config["mode"], token, allow_faults=allow_faults, log_path=log_path)
-        )
-        yield stack.enter_context(DrumsBackend(url, token_file=token))
+    if url != EMBEDDED and allow_faults:
+        raise GuardError("fault injection needs the embedded host (url: embedded)")
+    with connect(
+        url,
+        mode=arm_config.get("mode"),
+        token_file=arm_config.get("token_file"),
+        log_path=log_path,
+        allow_faults=allow_faults,
+    ) as arm:
+        yield arm

@@ -14,11 +14,13 @@ EMBEDDED = "embedded"
 
 @contextmanager
 def connect(url: str, *, mode: str | None = None, token_file: str | Path | None = None,
-            log_path: str | Path | None = None, **client) -> Iterator[DrumsBackend]:
+            log_path: str | Path | None = None, allow_faults: bool = False,
+            **client) -> Iterator[DrumsBackend]:
     """A DrumsBackend for `url`; for "embedded", start the host in `mode` for the block's length.
 
-    An embedded host without a token file gets a fresh random token for its lifetime. For a
-    real host the token comes from `token_file`, DRUMS_TOKEN_FILE or DRUMS_TOKEN.
+    An embedded host without a token file gets a fresh random token for its lifetime; with
+    `allow_faults` its fault-injection switches are on (tests, reliability runs). For a real host
+    the token comes from `token_file`, DRUMS_TOKEN_FILE or DRUMS_TOKEN, and faults are refused.
     """
     with ExitStack() as stack:
         if url == EMBEDDED:
@@ -29,6 +31,10 @@ def connect(url: str, *, mode: str | None = None, token_file: str | Path | None 
             if token_file is None:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envab-token-"))
                 token_file = write_token_file(Path(tmp) / "token")
-            url = stack.enter_context(serve_embedded(mode, token_file, log_path=log_path))
+            url = stack.enter_context(
+                serve_embedded(mode, token_file, log_path=log_path, allow_faults=allow_faults)
+            )
+        elif allow_faults:
+            raise ValueError("fault injection needs the embedded host (url: embedded)")
         backend = stack.enter_context(DrumsBackend(url, token_file=token_file, **client))
         yield backend
