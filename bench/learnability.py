@@ -1,19 +1,24 @@
 """Does the embedded default learn? The study of the templated layout, through the real pieces.
 
-    python bench/learnability.py --out /tmp/study [--sft-steps 200 --grpo-steps 60 --arm local]
+    python bench/learnability.py --out /tmp/study --templates 2 --sft-steps 600 --sft-lr 3e-3 \
+        --grpo-steps 40 --grpo-lr 2e-4 --temp 1.0 --gens 8 --prompts 2 --max-completion 128 \
+        --max-turns 2
 
-Builds a templated click_button task set (envs/tasks/templated.py: 4 layout templates told apart
-by a cue band, each label at a fixed slot of its template), splits it as the pipeline does
+(the settings under which the tiny model learns the cue; `--reuse-sft` reruns only GRPO on the
+same OUT's warm start). Builds a templated click_button task set (envs/tasks/templated.py: K
+layout templates told apart by a cue band, each label at a fixed slot of its template; K=2 takes
+the two most different cues, the list and the bare window), splits it as the pipeline does
 (envab/split.py), builds `builtin:tiny-qwen3-vl` from the training instructions, then:
 
 1. held-out success of the pinned model (greedy, eval.heldout.evaluate on LocalBackend);
 2. SFT warm start: TRL's SFTTrainer with trainer/sft.py's demonstrations and collator, rendered
-   WITH the tool prompt (`--sft-prompt tools`), which is what GRPO and the evaluation render;
-   trainer/sft.py as committed renders no tools, so the warm start is trained on a 29-token
-   prompt and evaluated on a ~256-token one (`--sft-prompt plain` reproduces that: 0 % held-out);
+   WITH the tool prompt (trainer/sft.py's WithTools), which is what GRPO and the evaluation
+   render (`--sft-prompt plain` drops the tools, the old bug: trained on a 29-token prompt and
+   evaluated on a ~256-token one, 0 % held-out);
 3. held-out success after SFT, and with a blank first screenshot (the window colour only);
 4. GRPO: TRL's GRPOTrainer with trainer/environment.py's environment on the chosen arm
-   (`local`: LocalBackend; `restore` / `fork`: the embedded Drums host), trainer/grpo.py's config;
+   (`local`: LocalBackend; `restore` / `fork`: the embedded Drums host), trainer/grpo.py's config
+   (`--max-turns`, `--max-completion`: one click and a done need ~60 completion tokens);
 5. held-out success after GRPO, and its blank ablation; chance = 1/templates for a policy that
    knows every (template, label) slot but not which template is on screen.
 
@@ -47,6 +52,10 @@ p.add_argument("--grpo-lr", type=float, default=1e-3)
 p.add_argument("--gens", type=int, default=8)
 p.add_argument("--prompts", type=int, default=2)
 p.add_argument("--temp", type=float, default=1.0)
+p.add_argument("--max-turns", type=int, default=2)
+p.add_argument("--max-completion", type=int, default=128)
+p.add_argument("--reuse-sft", action="store_true",
+               help="skip SFT when OUT/sft exists (rerun GRPO on the same warm start)")
 p.add_argument("--arm", choices=("local", "restore", "fork"), default="local")
 p.add_argument("--threads", type=int, default=1)
 args = p.parse_args()
@@ -82,7 +91,7 @@ if not pinned.exists():
     tiny_model.build(sorted({t["instruction"] for t in train}), pinned, TinySpec(seed=0))
 
 proto = Protocol(episodes_per_task=1, seeds=(0,), max_steps=6, max_invalid_retries=0,
-                 temperature=0.0)
+                 temperature=0.0, max_new_tokens=96)
 
 
 class BlankFirst:
@@ -125,7 +134,10 @@ results["prompt_tokens"] = prompt_len(pinned)
 print("prompt tokens", results["prompt_tokens"], flush=True)
 
 sft_dir = out / "sft"
-results["pinned"] = ev(pinned, held, tag="pinned")
+results["pinned"] = (json.loads((out / "sft_results.json").read_text()).get("pinned")
+                     if args.reuse_sft and (out / "sft_results.json").exists() else None)
+if results["pinned"] is None:
+    results["pinned"] = ev(pinned, held, tag="pinned")
 from datasets import Dataset  # noqa: E402
 from transformers import set_seed  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
@@ -137,16 +149,8 @@ demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"]) for t in train}
 set_seed(0)
 model, processor = load(pinned)
 collator = demonstration_collator(processor, demos)
-if args.sft_prompt == "tools":
-    inner = processor.apply_chat_template
-
-    class P:  # the processor, with the tool prompt rendered
-        def __getattr__(self, k):
-            return getattr(processor, k)
-
-        def apply_chat_template(self, m, **kw):
-            return inner(m, tools=agent.TOOLS, **kw)
-    collator.processor = P()
+if args.sft_prompt == "plain":  # trainer/sft.py renders the tools (WithTools); undo that
+    collator.processor = processor
 cfg = SFTConfig(output_dir=str(out / "sft_scratch"), seed=0, max_steps=args.sft_steps,
                 per_device_train_batch_size=args.sft_batch, learning_rate=args.sft_lr,
                 lr_scheduler_type="constant", dataset_kwargs={"skip_prepare_dataset": True},
@@ -154,17 +158,23 @@ cfg = SFTConfig(output_dir=str(out / "sft_scratch"), seed=0, max_steps=args.sft_
                 logging_steps=10, report_to="none", remove_unused_columns=False,
                 dataloader_num_workers=0)
 ds = Dataset.from_list([{"task_id": i} for i in sorted(demos)])
-tr = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=processor,
-                data_collator=collator)
-t0 = time.time()
-res = tr.train()
-results["sft_s_per_step"] = (time.time() - t0) / args.sft_steps
-results["sft_loss"] = res.training_loss
-tr.model.save_pretrained(sft_dir)
-processor.save_pretrained(sft_dir)
-print(f"sft {args.sft_steps} steps {results['sft_s_per_step']:.2f}s/step", flush=True)
-results["sft"] = ev(sft_dir, held, tag="sft")
-results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
+if args.reuse_sft and (out / "sft_results.json").exists():
+    results.update(json.loads((out / "sft_results.json").read_text()))
+    print("reusing", sft_dir, {k: v for k, v in results.items() if k.startswith("sft")})
+else:
+    tr = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=processor,
+                    data_collator=collator)
+    t0 = time.time()
+    res = tr.train()
+    results["sft_s_per_step"] = (time.time() - t0) / args.sft_steps
+    results["sft_loss"] = res.training_loss
+    tr.model.save_pretrained(sft_dir)
+    processor.save_pretrained(sft_dir)
+    print(f"sft {args.sft_steps} steps {results['sft_s_per_step']:.2f}s/step", flush=True)
+    results["sft"] = ev(sft_dir, held, tag="sft")
+    results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
+    (out / "sft_results.json").write_text(json.dumps(
+        {k: v for k, v in results.items() if k.startswith("sft") or k == "pinned"}, indent=1))
 
 if args.grpo_steps:
     from datasets import Dataset
@@ -195,7 +205,8 @@ if args.grpo_steps:
     gdir.mkdir(exist_ok=True)
     ledger = Ledger(str(gdir / "traj.jsonl"), str(gdir / "ckpt.jsonl"), args.arm, 1, 10**9,
                     Prices(0.1, 0.2))
-    settings = GrpoSettings(args.grpo_lr, args.gens, args.prompts, 2, 64, args.temp, 0.0)
+    settings = GrpoSettings(args.grpo_lr, args.gens, args.prompts, args.max_turns,
+                            args.max_completion, args.temp, 0.0)
 
     class A:
         device = "cpu"

@@ -31,8 +31,11 @@ from envs.tasks.scene import Scene
 
 MAX_TEMPLATES = 4
 BAND_ROWS = 2  # grid rows (of CELL_H px) the cue band takes at the bottom of the window
-# The cue of template i: a full-width widget across the band ("plain" shows none).
-CUES = ("pressed", "list", "field", "plain")
+# The cue of template i: a full-width widget across the band ("plain" shows none). Ordered so
+# that the first k are as different as they can be: the list (white with a dark selected row)
+# against the bare window grey is the strongest pair (mean band colours ~158 apart in RGB); the
+# pressed button's blue-grey is next; the empty field's white box is nearly the window grey.
+CUES = ("list", "plain", "pressed", "field")
 # Labels a templated click_button task may show; the cue widgets' labels are not among them.
 CLICK_LABELS = ("Save", "Open", "Send", "Print", "Copy", "Undo", "Apply", "Reset")
 BAND_BUTTON, BAND_FIELD, BAND_LIST = "Stop", "Note", "Day"
