@@ -26,6 +26,13 @@ The tool set is trainer/agent.py's `TOOL_SETS[--toolset]` (default `click`: clic
 Earlier findings (the previous version of this script, random-init tiny model, supervised): a
 global screen property -> answer mapping is learned in ~150 steps; localising an object among
 image tokens stays at chance for hundreds of steps. Hence the templated layout.
+
+Measured with the command above (2 shared cores, one seed, 96 train / 32 held-out tasks, chance
+0.5): pinned 0.000; SFT 400 steps 0.594 (blank first screen 0.031); SFT 600 steps 0.844 (27/32;
+blank 0.000); GRPO 40 steps at lr 2e-4 after it 0.844 (greedy unchanged, sampled training reward
+0.73 -> 0.85); GRPO 80 steps at 3e-4 0.844. SFT ~1.4 s/step, GRPO ~2.9-3.9 s/step. With K=4
+(two cues only ~4 RGB apart) SFT 200 steps stayed at chance (0.25), and GRPO at lr 1e-3
+collapsed to 0. So: the warm start learns the cue; GRPO does not yet improve on it.
 """
 import argparse
 import contextlib
