@@ -21,6 +21,7 @@ WORKFLOW_PATHS = [
     "rules",
     "schemas",
     "preregistration",
+    "report",
     "envab",
     "envs",
     "trainer",
