@@ -115,6 +115,24 @@ def verdict_for(failed_gates: tuple[str, ...] | list[str]) -> Verdict:
     return GATE_VERDICT[Gate(failed_gates[0])]
 
 
+def checked(checker, evaluator: Mapping, state: Mapping, audit: dict) -> Verification:
+    """The one rule every backend applies to a checker's answer on state read back from an
+    environment: 1.0 or 0.0 is a valid score; a checker that raises, or answers anything else,
+    makes the episode invalid (verifier_unavailable) with no score, never a 0.
+    `audit["checker_failure"]` ("crash" | "bad_score") and `audit["checker_error"]` say which."""
+    try:
+        score = checker(evaluator, state)
+    except Exception as e:  # the checker could not run
+        audit["checker_failure"] = "crash"
+        audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
+    if score not in (0.0, 1.0):
+        audit["checker_failure"] = "bad_score"
+        audit["checker_error"] = f"checker returned {score!r}"
+        return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
+    return Verification(float(score), True, Verdict.VALID, (), dict(audit))
+
+
 def is_blank(image: Image.Image) -> bool:
     """A screenshot of a single colour: a black, white or otherwise dead display."""
     extrema = image.getextrema()

@@ -42,8 +42,14 @@ def test_verification_reads_like_the_wire_object():
     assert v["score"] == 1.0 and v["valid"] is True and v["failed_gates"] == []
     assert dict(v) == v.to_dict() and "verdict" in v and "nope" not in v
     assert Verification.from_dict(v.to_dict()) == v
-    bad = Verification.from_dict({"score": None, "valid": False, "verdict": "blank_screen",
-                                  "failed_gates": ["screen_not_blank"]})
+    bad = Verification.from_dict(
+        {
+            "score": None,
+            "valid": False,
+            "verdict": "blank_screen",
+            "failed_gates": ["screen_not_blank"],
+        }
+    )
     assert bad.reward is None and bad.failed_gates == ("screen_not_blank",)
 
 
@@ -81,3 +87,19 @@ def test_blank_means_a_single_colour():
     img = Image.new("RGB", (8, 8))
     img.putpixel((3, 3), (0, 0, 1))
     assert not is_blank(img)
+
+
+def test_the_one_checker_rule_never_scores_a_failure_zero():
+    from envs.protocol import checked
+
+    def crash(evaluator, state):
+        raise KeyError("widget")
+
+    ok = checked(lambda e, s: 1.0, {}, {}, {"env": "e1"})
+    assert (ok.valid, ok.score, ok.audit["env"]) == (True, 1.0, "e1")
+    for checker, failure in ((crash, "crash"), (lambda e, s: 0.5, "bad_score")):
+        audit = {}
+        result = checked(checker, {}, {}, audit)
+        assert (result.valid, result.score, result.verdict) == (False, None, "verifier_unavailable")
+        assert result.failed_gates == ("verifier_available",)
+        assert audit["checker_failure"] == failure and audit["checker_error"]

@@ -37,6 +37,7 @@ from envs.protocol import (
     Verdict,
     Verification,
     check_action,
+    checked,
     is_blank,
     verdict_for,
 )
@@ -348,17 +349,12 @@ class Pool:
             if reply is None:
                 return self._verification(env.failed_gates, audit)
         audit["state_sha256"] = reply["state_sha256"]
-        try:
-            score = self.check(env.task["evaluator"], reply["state"])
-        except Exception as e:  # the checker could not run: no score, never a 0
-            audit["flags"].append("checker_crash")
-            audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            return self._verification([Gate.VERIFIER_AVAILABLE], audit)
-        if score not in (0.0, 1.0):
-            audit["flags"].append("checker_bad_score")
-            return self._verification([Gate.VERIFIER_AVAILABLE], audit)
+        verification = checked(self.check, env.task["evaluator"], reply["state"], audit)
+        if not verification.valid:
+            audit["flags"].append(f"checker_{audit.pop('checker_failure')}")
+            return self._verification(verification.failed_gates, audit)
         audit["trusted"] = not audit["flags"]
-        return Verification(float(score), True, Verdict.VALID, (), audit).to_dict()
+        return Verification(verification.score, True, Verdict.VALID, (), audit).to_dict()
 
     def close(self, env_id: str) -> dict:
         with self._envs_lock:

@@ -38,9 +38,9 @@ from envs.protocol import (
     Gate,
     Observation,
     Session,
-    Verdict,
     Verification,
     check_action,
+    checked,
     is_blank,
     verdict_for,
 )
@@ -238,15 +238,7 @@ class QemuSession(Session):
             self._fail(e.gate, self.generation, str(e))
             return Verification.invalid(self.failed_gates, failure=self.failure, **audit)
         audit["state_sha256"] = reply["state_sha256"]
-        try:
-            score = check(self.task["evaluator"], reply["state"])
-        except Exception as e:  # the checker could not run: no score, never a 0
-            audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
-        if score not in (0.0, 1.0):
-            audit["checker_error"] = f"checker returned {score!r}"
-            return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
-        return Verification(float(score), True, Verdict.VALID, (), audit)
+        return checked(check, self.task["evaluator"], reply["state"], audit)
 
     def close(self) -> None:
         if self.slot is not None:

@@ -16,9 +16,9 @@ from envs.protocol import (
     Gate,
     Observation,
     Session,
-    Verdict,
     Verification,
     check_action,
+    checked,
     is_blank,
     verdict_for,
 )
@@ -74,15 +74,7 @@ class LocalSession(Session):
         if self.failed_gates:
             return Verification.invalid(self.failed_gates, **audit)
         self._open()
-        try:
-            score = check(self.task["evaluator"], self.desktop.state())
-        except Exception as e:  # the checker could not run: no score, never a 0
-            audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
-        if score not in (0.0, 1.0):
-            audit["checker_error"] = f"checker returned {score!r}"
-            return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
-        return Verification(float(score), True, Verdict.VALID, (), audit)
+        return checked(check, self.task["evaluator"], self.desktop.state(), audit)
 
     def _open(self) -> None:
         if self.desktop is None:
