@@ -244,7 +244,9 @@ class VM:
         """Quit QEMU (hard after a short grace); closing twice is harmless."""
         for closer in (self.agent, self.guest_agent, self.qmp):
             if closer is not None:
-                with contextlib.suppress(OSError):
+                # A QEMU that has already exited (after `quit`) ends its QMP stream with EOF
+                # while the client disconnects: nothing is left to close.
+                with contextlib.suppress(OSError, EOFError, QMPError):
                     closer.close()
         self.agent = self.guest_agent = self.qmp = None
         if self.proc is not None and self.proc.poll() is None:
