@@ -201,11 +201,7 @@ if args.grpo_steps:
             delattr(envmod.ArmEnvironment, name)
     set_seed(1)
     tmap = {t["id"]: t for t in train}
-    rows, first = [], {}
-    for tid in sorted(tmap):
-        shot = agent.first_screenshot(tmap[tid])
-        first[tid] = agent.screenshot_sha256(shot)
-        rows.append(agent.dataset_row(tmap[tid], shot))
+    rows, first = agent.training_rows(tmap)
     ds = Dataset.from_list(rows)
     model, processor = load(sft_dir)
     gdir = out / f"grpo_{args.arm}"

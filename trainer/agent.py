@@ -226,3 +226,14 @@ def screenshot_sha256(image: Image.Image) -> str:
     rgb = image.convert("RGB")
     header = f"{rgb.width}x{rgb.height}:".encode()
     return hashlib.sha256(header + rgb.tobytes()).hexdigest()
+
+
+def training_rows(tasks: Mapping[str, Mapping]) -> tuple[list[dict], dict[str, str]]:
+    """GRPO dataset rows for `tasks` (id -> task), in id order, and each task's first-screen
+    digest: the environment's first screenshot must equal the one baked into the prompt."""
+    rows, first_screens = [], {}
+    for task_id in sorted(tasks):
+        screenshot = first_screenshot(tasks[task_id])
+        first_screens[task_id] = screenshot_sha256(screenshot)
+        rows.append(dataset_row(tasks[task_id], screenshot))
+    return rows, first_screens

@@ -233,11 +233,7 @@ def train(args) -> dict:
 
     # 2. seeding, then the dataset: each training task with its pre-rendered first screenshot
     set_seed(seed)
-    rows, first_screens = [], {}
-    for task_id in sorted(tasks):
-        screenshot = agent.first_screenshot(tasks[task_id])
-        first_screens[task_id] = agent.screenshot_sha256(screenshot)
-        rows.append(agent.dataset_row(tasks[task_id], screenshot))
+    rows, first_screens = agent.training_rows(tasks)
     dataset = Dataset.from_list(rows)
     model, processor = load_checked(Path(args.model), receipts)
 
