@@ -59,12 +59,16 @@ p.add_argument("--grpo-lr", type=float, default=1e-3)
 p.add_argument("--gens", type=int, default=8)
 p.add_argument("--prompts", type=int, default=2)
 p.add_argument("--temp", type=float, default=1.0)
+p.add_argument("--beta", type=float, default=0.0, help="KL coefficient against the warm start")
 p.add_argument("--max-turns", type=int, default=2)
 p.add_argument("--max-completion", type=int, default=128)
 p.add_argument("--reuse-sft", action="store_true",
                help="skip SFT when OUT/sft exists (rerun GRPO on the same warm start)")
 p.add_argument("--arm", choices=("local", "restore", "fork"), default="local")
 p.add_argument("--threads", type=int, default=1)
+p.add_argument("--eval-temp", type=float, default=0.0,
+               help="evaluation temperature (0: greedy; 1.0: the policy as GRPO samples it)")
+p.add_argument("--eval-seeds", type=int, default=1, help="evaluation seeds (episodes per task)")
 args = p.parse_args()
 
 torch.set_num_threads(args.threads)
@@ -97,8 +101,8 @@ pinned = out / "pinned"
 if not pinned.exists():
     tiny_model.build(sorted({t["instruction"] for t in train}), pinned, TinySpec(seed=0))
 
-proto = Protocol(episodes_per_task=1, seeds=(0,), max_steps=6, max_invalid_retries=0,
-                 temperature=0.0, max_new_tokens=96)
+proto = Protocol(episodes_per_task=1, seeds=tuple(range(args.eval_seeds)), max_steps=6,
+                 max_invalid_retries=0, temperature=args.eval_temp, max_new_tokens=96)
 
 
 class BlankFirst:
@@ -119,7 +123,7 @@ class BlankFirst:
 
 def ev(model_dir, tasks_, backend=None, tag=""):
     t0 = time.time()
-    pol = Policy(model_dir, 0.0, 96)
+    pol = Policy(model_dir, args.eval_temp, 96)
     r = evaluate(pol, backend or LocalBackend(), tasks_, proto)
     turns = [e["turns"] for e in r["episode_records"]]
     print(f"eval {tag}: {r['success_rate']:.3f} ({r['successes']}/{r['episodes']}) "
@@ -166,8 +170,9 @@ cfg = SFTConfig(output_dir=str(out / "sft_scratch"), seed=0, max_steps=args.sft_
                 dataloader_num_workers=0)
 ds = Dataset.from_list([{"task_id": i} for i in sorted(demos)])
 if args.reuse_sft and (out / "sft_results.json").exists():
-    results.update(json.loads((out / "sft_results.json").read_text()))
-    print("reusing", sft_dir, {k: v for k, v in results.items() if k.startswith("sft")})
+    results.update({k: v for k, v in json.loads((out / "sft_results.json").read_text()).items()
+                    if k in ("sft_s_per_step", "sft_loss")})
+    print("reusing", sft_dir, flush=True)
 else:
     tr = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=processor,
                     data_collator=collator)
@@ -178,10 +183,11 @@ else:
     tr.model.save_pretrained(sft_dir)
     processor.save_pretrained(sft_dir)
     print(f"sft {args.sft_steps} steps {results['sft_s_per_step']:.2f}s/step", flush=True)
-    results["sft"] = ev(sft_dir, held, tag="sft")
-    results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
-    (out / "sft_results.json").write_text(json.dumps(
-        {k: v for k, v in results.items() if k.startswith("sft") or k == "pinned"}, indent=1))
+results["sft"] = ev(sft_dir, held, tag="sft")
+results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
+results["sft_train"] = ev(sft_dir, train[:32], tag="sft on 32 training tasks")
+(out / "sft_results.json").write_text(json.dumps(
+    {k: v for k, v in results.items() if k.startswith("sft") or k == "pinned"}, indent=1))
 
 if args.grpo_steps:
     from datasets import Dataset
@@ -209,7 +215,7 @@ if args.grpo_steps:
     ledger = Ledger(str(gdir / "traj.jsonl"), str(gdir / "ckpt.jsonl"), args.arm, 1, 10**9,
                     Prices(0.1, 0.2))
     settings = GrpoSettings(args.grpo_lr, args.gens, args.prompts, args.max_turns,
-                            args.max_completion, args.temp, 0.0)
+                            args.max_completion, args.temp, args.beta)
 
     class A:
         device = "cpu"
@@ -249,6 +255,7 @@ if args.grpo_steps:
     results["grpo"] = ev(gdir / "model", held, tag="grpo")
     results["grpo_blank"] = ev(gdir / "model", held, BlankFirst(LocalBackend()),
                                tag="grpo blank")
+    results["grpo_train"] = ev(gdir / "model", train[:32], tag="grpo on 32 training tasks")
 results["chance"] = 1 / args.templates
 print("| stage | held-out | blank first screenshot | s/step |")
 print("|---|---|---|---|")

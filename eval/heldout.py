@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from envab import preregistration
     from envab.config import ConfigError
     from envs.drums import connect
+    from trainer import agent
     from trainer.guards import GuardError, check_receipts, heldout_ids
 
     try:
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     # A turn may be as long at evaluation as in training: the run's pinned completion length.
     pins = json.loads((Path(args.checkpoint).parent.parent / "pins.json").read_text())
     protocol = Protocol.from_target(target.raw, pins["training"]["grpo"]["max_completion_length"])
+    agent.use_tool_set(pins["training"]["tools"])  # the tools the policy was trained with
     backend_config = json.loads(args.backend)
     backend_name = target.evaluation_backend
     prices = target.raw["prices"]

@@ -14,6 +14,14 @@ rule freeze_target:
         "{PYTHON} -m envab.freeze target {input} > {log} 2>&1"
 
 
+def factory_layout_args(factory):
+    """The task factory's layout options, as build arguments."""
+    args = f"--layout {factory['layout']} --templates {factory['templates']}"
+    if factory.get("families"):
+        args += " --families " + " ".join(factory["families"])
+    return args
+
+
 if "factory" in config["tasks"]:
 
     rule tasks:
@@ -25,6 +33,7 @@ if "factory" in config["tasks"]:
         params:
             seed=config["tasks"]["factory"]["seed"],
             per_family=config["tasks"]["factory"]["per_family"],
+            layout=factory_layout_args(config["tasks"]["factory"]),
             out=f"{RESULTS}/tasks",
         log:
             f"{LOGS}/tasks.log",
@@ -32,7 +41,7 @@ if "factory" in config["tasks"]:
             # --check builds twice and fails on any byte difference; the validator then plays
             # no-op, oracle and near misses and accepts the set only if the checkers separate them.
             "({PYTHON} -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
-            " --out {params.out} --check"
+            " {params.layout} --out {params.out} --check"
             " && {PYTHON} -m envs.tasks.validate --tasks {output.tasks}"
             " --solutions {output.solutions}) > {log} 2>&1"
 

@@ -25,12 +25,14 @@ if SFT_ENABLED:
             receipt=f"{RECEIPTS}/sft.json",
         params:
             settings=as_arg(config["training"]["sft"]),
+            tools=config["training"]["tools"],
         threads: whole_machine()
         log:
             f"{LOGS}/sft.log",
         shell:
             "{PYTHON} -m trainer.sft --target {input.target} --model {input.model}"
             " --tasks {input.train} --solutions {input.solutions} --settings {params.settings}"
+            " --tools {params.tools}"
             " --out {output.model} > {log} 2>&1"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainer.accounting import Attempt, Ledger, Prices
 
 
@@ -48,8 +50,10 @@ def test_counts_costs_and_checkpoints(tmp_path):
     clock = FakeClock()
     book = ledger(tmp_path, clock)
     outcomes = ["valid", "valid", "env_failure", "valid", "valid", "timeout", "valid"]
+    start = book.record_checkpoint("ckpt-start", 0, {"model.safetensors": "s"})
+    assert (start["index"], start["due_at_valid"], start["wall_clock_s"]) == (0, 0, 0.0)
     records = []
-    for step, verdict in enumerate(outcomes):
+    for step, verdict in enumerate(outcomes, start=1):
         clock.now += 10
         book.record(attempt(verdict, score=float(step % 2)), step)
         if book.checkpoint_due():
@@ -58,16 +62,18 @@ def test_counts_costs_and_checkpoints(tmp_path):
     assert len(lines) == 7
     assert [r["reward"] for r in lines if r["verdict"] != "valid"] == [None, None]
     assert all(r["reward"] == r["score"] for r in lines if r["verdict"] == "valid")
-    # one checkpoint, at the 4th valid attempt (step 4), with the counters at that moment
+    # one checkpoint, at the 4th valid attempt (step 5), with the counters at that moment
     assert len(records) == 1
     first = records[0]
-    assert (first["step"], first["valid_trajectories"], first["invalid_discarded"]) == (4, 4, 1)
+    assert (first["step"], first["valid_trajectories"], first["invalid_discarded"]) == (5, 4, 1)
     assert first["wall_clock_s"] == 40.0  # the first attempt started the clock at 110
     assert first["env_host_hours"] == 2 * 40 / 3600
     assert abs(first["env_cost_usd"] - 0.36 * 2 * 40 / 3600) < 1e-12
     assert first["inference_s"] == 10.0 and abs(first["inference_cost_usd"] - 0.01) < 1e-12
     saved = [json.loads(x) for x in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
-    assert saved == records
+    assert saved == [start, *records]
+    with pytest.raises(ValueError, match="start checkpoint comes before the first step"):
+        book.record_checkpoint("late-start", 0, {})
     # the counters in the trajectories add up to the ledger's
     assert sum(r["verdict"] == "valid" for r in lines) == book.valid == 5
     assert sum(r["verdict"] != "valid" for r in lines) == book.invalid == 2

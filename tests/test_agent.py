@@ -16,9 +16,9 @@ from trainer import agent
 from trainer.accounting import Ledger, Prices
 from trainer.environment import (
     ENV_FAILED,
-    ArmEnvironment,
     GenerationClock,
     Run,
+    environment_class,
     expected_first_screens,
     open_arm,
 )
@@ -75,16 +75,28 @@ def test_the_dataset_row_becomes_the_task_prompt_in_trl(task_set):
     assert row["task_id"] == task["id"]
 
 
-def test_environment_tools_present_exactly_the_agent_tools():
-    discovered = sorted(
-        n
-        for n in vars(ArmEnvironment)
-        if callable(getattr(ArmEnvironment, n)) and not n.startswith("_")
-    )
-    assert discovered == sorted([t.__name__ for t in agent.TOOLS] + ["get_reward", "reset"])
-    env = ArmEnvironment.__new__(ArmEnvironment)
-    for tool in agent.TOOLS:
-        assert get_json_schema(getattr(env, tool.__name__)) == get_json_schema(tool)
+@pytest.mark.parametrize("tool_set", sorted(agent.TOOL_SETS))
+def test_environment_tools_present_exactly_the_agent_tools(tool_set):
+    try:
+        agent.use_tool_set(tool_set)
+        cls = environment_class()
+        discovered = sorted(
+            n for n in dir(cls) if callable(getattr(cls, n)) and not n.startswith("_")
+        )
+        names = [t.__name__ for t in agent.TOOL_SETS[tool_set]]
+        assert discovered == sorted(names + ["get_reward", "reset"])
+        env = cls.__new__(cls)
+        for tool in agent.TOOLS:
+            assert get_json_schema(getattr(env, tool.__name__)) == get_json_schema(tool)
+        with pytest.raises(ValueError, match="unknown tool"):
+            agent.action_for("type_text" if tool_set == "click" else "nope", {"text": "a"})
+    finally:
+        agent.use_tool_set(agent.DEFAULT_TOOL_SET)
+
+
+def test_an_unknown_tool_set_is_one_clear_error():
+    with pytest.raises(ValueError, match="unknown tool set 'mouse'; tool sets: computer_13, click"):
+        agent.use_tool_set("mouse")
 
 
 # --- the real model ------------------------------------------------------------------------------
@@ -161,7 +173,7 @@ def make_run(tmp_path, backend, tasks, group=2, faults=None, heldout=frozenset()
     )
 
 
-def play(env: ArmEnvironment, task_id: str, actions) -> list[list[dict]]:
+def play(env, task_id: str, actions) -> list[list[dict]]:
     results = []
     for action in actions:
         name, arguments = agent.call_for(action)
@@ -177,7 +189,7 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
     arm = {"backend": "drums", "url": "embedded", "mode": mode}
     with open_arm(arm) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]})
-        envs = [ArmEnvironment(run), ArmEnvironment(run)]  # one GRPO group of 2
+        envs = [environment_class()(run), environment_class()(run)]  # one GRPO group of 2
         for env in envs:
             assert env.reset(task_id=task_id) is None
         oracle = solutions[task_id]["oracle"]
@@ -203,7 +215,7 @@ def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set):
     faults = {0: {"kill_at_step": 1}, 1: {"blank_at_step": 1}}
     with open_arm(arm, allow_faults=True) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, faults=faults)
-        envs = [ArmEnvironment(run), ArmEnvironment(run)]
+        envs = [environment_class()(run), environment_class()(run)]
         for env in envs:
             env.reset(task_id=task_id)
         for env in envs:
@@ -228,7 +240,7 @@ def test_a_first_screen_other_than_the_prompts_is_invalid(tmp_path, task_set):
         run = make_run(
             tmp_path, backend, {task_id: tasks[task_id]}, group=1, screens={task_id: "0" * 64}
         )
-        env = ArmEnvironment(run)
+        env = environment_class()(run)
         env.reset(task_id=task_id)
         assert env.click(x=10, y=10) == agent.tool_result(note=ENV_FAILED)
         assert env.get_reward() is None
@@ -243,9 +255,9 @@ def test_a_held_out_id_fails_the_run(tmp_path, task_set):
     with open_arm(arm) as backend:
         run = make_run(tmp_path, backend, {train: tasks[train]}, heldout=frozenset({heldout}))
         with pytest.raises(GuardError, match="held-out task"):
-            ArmEnvironment(run).reset(task_id=heldout)
+            environment_class()(run).reset(task_id=heldout)
         with pytest.raises(GuardError, match="not in the training split"):
-            ArmEnvironment(run).reset(task_id="no-such-task")
+            environment_class()(run).reset(task_id="no-such-task")
         with pytest.raises(GuardError, match="held-out task ids in the training data"):
             run.guard.check_dataset([train, heldout])
     assert not (tmp_path / "trajectories.jsonl").exists()

@@ -120,9 +120,14 @@ def test_injected_faults_are_invalid_attempts_without_reward(trained, arm):
 @pytest.mark.parametrize("arm", ["restore", "drums"])
 def test_checkpoints_at_the_right_counts_with_their_files(trained, arm):
     run, attempts, checkpoints, run_dir = records(trained.root, arm)
+    # The start checkpoint (the warm start, before the first update), then one per interval.
     assert [c["due_at_valid"] for c in checkpoints] == list(
-        range(INTERVAL, run["valid_trajectories"] + 1, INTERVAL)
+        range(0, run["valid_trajectories"] + 1, INTERVAL)
     )
+    start = checkpoints[0]
+    assert (start["checkpoint"], start["step"], start["valid_trajectories"]) == (
+        "valid-000000", 0, 0)
+    assert start["wall_clock_s"] == 0 and start["env_cost_usd"] == 0
     for c in checkpoints:
         # The counters at a checkpoint are those of the attempts recorded up to its step.
         upto = [a for a in attempts if a["step"] <= c["step"]]

@@ -121,8 +121,13 @@ class Ledger:
         }
 
     def record_checkpoint(self, name: str, step: int, files: dict[str, str]) -> dict:
-        """Append the checkpoint record; `files` maps relative path -> sha256."""
-        self.checkpoints += 1
+        """Append the checkpoint record; `files` maps relative path -> sha256. Step 0 records the
+        model training starts from (before the clock starts: every counter is 0), so each learning
+        curve begins at the warm start and "before" and "after" come from the same evaluation."""
+        if step:
+            self.checkpoints += 1
+        elif self.started is not None or self.checkpoints:
+            raise ValueError("the start checkpoint comes before the first step")
         line = {
             "checkpoint": name,
             "index": self.checkpoints,

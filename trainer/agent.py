@@ -82,16 +82,17 @@ def fail():
     """Declare the task impossible to finish."""
 
 
-# The tool set, chosen HERE and nowhere else (every stage imports TOOLS). "computer_13" covers
-# every family; "click" (click and done) covers the single-click families (click_button, also in
-# the templated layout) and renders a system prompt about a third as long, which makes each
-# generation and training step on the tiny CPU model that much cheaper.
+# The tool sets. "computer_13" covers every family; "click" (click and done) covers the
+# single-click families (click_button, also in the templated layout) and renders a system prompt
+# about a third as long, which makes each generation and training step on the tiny CPU model that
+# much cheaper. A run picks one with `use_tool_set(config training.tools)` before anything renders
+# a prompt; every stage then reads TOOLS, so all of them show the policy the same tools.
 TOOL_SETS = {
     "computer_13": (click, double_click, type_text, press, scroll, done, fail),
     "click": (click, done),
 }
-TOOL_SET = "computer_13"
-TOOLS = list(TOOL_SETS[TOOL_SET])
+DEFAULT_TOOL_SET = "computer_13"
+TOOLS = list(TOOL_SETS[DEFAULT_TOOL_SET])
 
 
 def _to_action(kind: str, **parameters) -> dict:
@@ -111,6 +112,16 @@ _ACTIONS = {
 _BY_NAME = {tool.__name__: tool for tool in TOOLS}
 _ALL = {tool.__name__ for tools in TOOL_SETS.values() for tool in tools}
 assert set(_ACTIONS) == _ALL, "every tool needs exactly one action mapping"
+
+
+def use_tool_set(name: str) -> None:
+    """Make `name` the tool set of this process (TOOLS is updated in place, so every module that
+    imported it sees the change); ValueError for an unknown name."""
+    if name not in TOOL_SETS:
+        raise ValueError(f"unknown tool set {name!r}; tool sets: {', '.join(TOOL_SETS)}")
+    TOOLS[:] = TOOL_SETS[name]
+    _BY_NAME.clear()
+    _BY_NAME.update({tool.__name__: tool for tool in TOOLS})
 
 
 def action_for(name: str, arguments: Mapping | None) -> dict:

@@ -108,7 +108,7 @@ class Episode:
 
 
 class ArmEnvironment:
-    """One completion's environment; the tools are added below from `agent.TOOLS`."""
+    """One completion's environment; `environment_class()` adds the tools from `agent.TOOLS`."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -211,13 +211,17 @@ def _tool_method(tool: Callable) -> Callable:
     return method
 
 
-for _tool in agent.TOOLS:
-    setattr(ArmEnvironment, _tool.__name__, _tool_method(_tool))
+def environment_class() -> type[ArmEnvironment]:
+    """ArmEnvironment with one public method per tool of the run's tool set (agent.TOOLS, as
+    `agent.use_tool_set` left it): those methods are all TRL sees as tools."""
+    methods = {tool.__name__: _tool_method(tool) for tool in agent.TOOLS}
+    return type("ArmEnvironment", (ArmEnvironment,), methods)
 
 
 def environment_factory(run: Run) -> Callable[[], ArmEnvironment]:
     """What GRPOTrainer(environment_factory=...) calls once per concurrent completion."""
-    return lambda: ArmEnvironment(run)
+    cls = environment_class()
+    return lambda: cls(run)
 
 
 def expected_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:

@@ -10,8 +10,9 @@ Reads top to bottom in the order a run happens:
    code running, the run's pins match the receipts, no held-out id is in the training data;
 2. seeding, then the dataset: one row per training task with its first screenshot pre-rendered;
 3. the arm's backend, the fork-group layer and the ledger (trainer/accounting.py);
-4. TRL's GRPOTrainer with the environment (trainer/environment.py) and a callback that starts the
-   clock at the first step, saves a checkpoint every N valid trajectories and stops at the budget;
+4. TRL's GRPOTrainer with the environment (trainer/environment.py) and a callback that saves the
+   starting model as checkpoint valid-000000, starts the clock at the first step, saves a
+   checkpoint every N valid trajectories and stops at the budget;
 5. run.json: the final counters, the stop reason, when the run started and when it was frozen.
 
 Settings come from the run's pins (`training.grpo`, frozen with the run), the checkpoint interval
@@ -130,6 +131,9 @@ def read_fault_plan() -> tuple[dict[int, dict], str | None]:
 # --- 4. the callback: clock, checkpoints, budget -----------------------------------------------
 
 
+START_CHECKPOINT = "valid-000000"  # the model before the first update
+
+
 def make_callback(
     run, ledger: Ledger, budget: Budget, checkpoints_dir: Path, frozen_utc: str, processor, progress
 ):
@@ -141,8 +145,10 @@ def make_callback(
 
         stop_reason: str | None = None
 
-        def on_step_begin(self, args, state, control, **kwargs):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
             if ledger.started is None:
+                files = save_checkpoint(model, processor, checkpoints_dir / START_CHECKPOINT)
+                ledger.record_checkpoint(START_CHECKPOINT, 0, files)
                 ledger.start()
                 first_step_after_freeze(ledger.started_utc, frozen_utc)
             run.step = state.global_step + 1
@@ -213,6 +219,7 @@ def train(args) -> dict:
     tasks = {t["id"]: t for t in read_jsonl(train_path)}
     guard.check_dataset(tasks)
     settings = GrpoSettings(**pins["training"]["grpo"])
+    agent.use_tool_set(pins["training"]["tools"])  # before the environment class is made
     arm, seed = pins["arm"], int(pins["seed"])
     budget = Budget(**target.raw["budget"])
     faults, fault_plan_sha256 = read_fault_plan()

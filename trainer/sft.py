@@ -116,6 +116,7 @@ def train(args) -> dict:
     check_receipts(receipts)
     check_code(receipts)
     settings = json.loads(args.settings)
+    agent.use_tool_set(args.tools)
     if not settings.get("enabled"):
         raise GuardError("training.sft.enabled is false: the pinned model is used as it is")
     guard = HeldoutGuard(heldout_ids(receipts))
@@ -174,6 +175,7 @@ def train(args) -> dict:
             "files": files,
             "sha256": aggregate_digest(files),
             "settings": settings,
+            "tools": args.tools,
             "seed": args.seed,
             "base_model": Path(args.model).as_posix(),
             "demonstrations": len(demos),
@@ -194,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", required=True, help="the training split (train.jsonl)")
     parser.add_argument("--solutions", required=True, help="solutions.jsonl with oracle actions")
     parser.add_argument("--settings", required=True, help="training.sft from the config, as JSON")
+    parser.add_argument("--tools", default=agent.DEFAULT_TOOL_SET,
+                        choices=sorted(agent.TOOL_SETS), help="config training.tools")
     parser.add_argument("--out", required=True, help="the warm-started model folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

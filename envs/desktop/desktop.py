@@ -18,7 +18,7 @@ from envs.desktop.model import (
     Rect,
     Widget,
 )
-from envs.desktop.render import render
+from envs.desktop.render import THEMES, render
 
 SNAPSHOT_MAGIC = b"envab-desktop/1\n"
 MIN_SIDE, MAX_SIDE = 64, 1024
@@ -141,6 +141,10 @@ def _step_window(s: DesktopState, p: dict) -> None:
     s.title = _text(p["title"], "window title")
     s.tabs = [_text(t, "tab name") for t in tabs]
     s.tab = tabs[0]
+    theme = p.get("theme", "light")
+    if theme not in THEMES:
+        raise ValueError(f"theme must be one of {', '.join(THEMES)}, got {theme!r}")
+    s.theme = theme
     if len(tabs) > 1 and s.tab_rects()[-1].x + s.tab_rects()[-1].w > s.width:
         raise ValueError("tab headers do not fit the screen width")
 

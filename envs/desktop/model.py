@@ -165,9 +165,10 @@ class DesktopState:
     focus: str | None = None
     clock: int = 0  # counts value changes, so checkers can ask in which order things happened
     status: str = "running"  # "done" or "fail" once the agent says so
+    theme: str = "light"  # the window's background colour (envs/desktop/render.py THEMES)
 
     def to_json(self) -> dict:
-        return {
+        d = {
             "version": STATE_VERSION,
             "screen": [self.width, self.height],
             "title": self.title,
@@ -179,6 +180,9 @@ class DesktopState:
             "clock": self.clock,
             "status": self.status,
         }
+        if self.theme != "light":  # omitted when default: states of before themes keep their hash
+            d["theme"] = self.theme
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> DesktopState:
@@ -197,6 +201,7 @@ class DesktopState:
                 focus=d["focus"],
                 clock=d["clock"],
                 status=d["status"],
+                theme=d.get("theme", "light"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"desktop state is missing or mangles {e}") from None

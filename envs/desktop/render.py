@@ -15,6 +15,9 @@ FONT = ImageFont.load_default_imagefont()
 DESK = (0, 96, 128)
 DESK_MARK = (40, 136, 168)
 WINDOW = (228, 228, 228)
+# Window background per theme. A theme is a whole-window visual property, the strongest global
+# cue a screen can carry (envs/tasks/templated.py tells its layout templates apart by it).
+THEMES = {"light": WINDOW, "dark": (64, 72, 92), "sand": (214, 190, 140), "mint": (150, 205, 175)}
 TITLE_BAR = (30, 50, 110)
 TAB_BAR = (196, 196, 196)
 TAB_IDLE = (168, 168, 168)
@@ -35,7 +38,7 @@ def render(s: DesktopState) -> Image.Image:
     if s.title is None:  # the prepared desktop: a mark, so it never reads as a blank screen
         d.text((s.width // 2 - 3 * CHAR_W, s.height // 2 - CHAR_H // 2), "envab", DESK_MARK, FONT)
         return img
-    d.rectangle([0, 0, s.width - 1, s.height - 1], fill=WINDOW)
+    d.rectangle([0, 0, s.width - 1, s.height - 1], fill=THEMES[s.theme])
     d.rectangle([0, 0, s.width - 1, TITLE_H - 1], fill=TITLE_BAR)
     d.text((3, 1), s.title, PAPER, FONT)
     if len(s.tabs) > 1:

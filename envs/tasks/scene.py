@@ -25,6 +25,7 @@ class Scene:
         self.packers = {t: Packer(grid, rng) for t in self.tabs}
         self.widgets: dict[str, dict] = {}  # key "tab/label" -> widget step parameters
         self.dialog: dict | None = None
+        self.theme: str | None = None  # the window's theme; None: the default (not written)
         self.ids: dict[str, str] = {}
 
     # --- building ---------------------------------------------------------------------------
@@ -69,6 +70,8 @@ class Scene:
             {"type": "screen", "parameters": {"width": self.width, "height": self.height}},
             {"type": "window", "parameters": {"title": self.title, "tabs": self.tabs}},
         ]
+        if self.theme is not None:
+            steps[1]["parameters"]["theme"] = self.theme
         for key in keys:
             params = {"id": self.ids[key], **self.widgets[key]}
             steps.append({"type": "widget", "parameters": params})
