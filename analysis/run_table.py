@@ -1,4 +1,6 @@
-"""One run's learning curve as a table: per checkpoint, the counters and the held-out result.
+"""One run's learning curve as a table: per checkpoint, the counters, the training-task success
+of the valid trajectories since the previous checkpoint (sampled, as GRPO saw them) and the
+held-out result.
 
 python -m analysis.run_table results/<exp>/<arm>/seed<k> --out curve.csv
 """
@@ -18,6 +20,8 @@ COLUMNS = [
     "wall_clock_s",
     "env_cost_usd",
     "inference_cost_usd",
+    "train_success",
+    "train_window_valid",
     "heldout_success_rate",
     "heldout_episodes",
     "heldout_invalid",
@@ -31,7 +35,7 @@ def run_table(run: Run) -> pd.DataFrame:
         evaluation = run.evaluations.get(checkpoint["checkpoint"], {})
         rows.append(
             {
-                **{k: checkpoint.get(k) for k in COLUMNS[:6]},
+                **{k: checkpoint.get(k) for k in COLUMNS[:8]},
                 "heldout_success_rate": evaluation.get("success_rate"),
                 "heldout_episodes": evaluation.get("episodes"),
                 "heldout_invalid": evaluation.get("invalid"),

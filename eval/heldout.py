@@ -116,12 +116,16 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                 if not calls:
                     break  # the policy answered in prose: the episode ends, the checker decides
                 call = calls[0]["function"]
+                turns += 1
+                # A call the tools refuse (a wrong argument, a click off the screen) is the
+                # policy's mistake: nothing happens and it is told so, as in training
+                # (trainer/environment.py), never an invalid episode and never a crash.
                 try:
                     action = action_for(call["name"], call.get("arguments") or {})
-                except ValueError:
-                    break  # an unusable call ends the episode as the policy's failure, not invalid
-                turns += 1
-                observation = session.step(action)
+                    observation = session.step(action)
+                except ValueError as e:  # ActionRejected is a ValueError on every backend
+                    messages += [reply, tool_message(call["name"], note=f"Refused: {e}")]
+                    continue
                 messages += [reply, tool_message(call["name"], observation.screenshot)]
         verification = session.verify()
     finally:

@@ -66,6 +66,9 @@ def test_counts_costs_and_checkpoints(tmp_path):
     assert len(records) == 1
     first = records[0]
     assert (first["step"], first["valid_trajectories"], first["invalid_discarded"]) == (5, 4, 1)
+    # training success over the window: valid attempts at steps 1, 2, 4, 5 scored 1, 0, 0, 1
+    assert (first["train_window_valid"], first["train_success"]) == (4, 0.5)
+    assert (start["train_window_valid"], start["train_success"]) == (0, None)
     assert first["wall_clock_s"] == 40.0  # the first attempt started the clock at 110
     assert first["env_host_hours"] == 2 * 40 / 3600
     assert abs(first["env_cost_usd"] - 0.36 * 2 * 40 / 3600) < 1e-12

@@ -72,6 +72,10 @@ class Ledger:
     env_busy_s: float = 0.0
     inference_s: float = 0.0
     checkpoints: int = 0
+    # Valid attempts and their summed score since the last checkpoint: the training-task success
+    # of the policy as it was sampled, the number GRPO itself is moving.
+    window_valid: int = 0
+    window_score: float = 0.0
     started: float | None = field(default=None, repr=False)
     started_utc: str | None = None
 
@@ -88,6 +92,8 @@ class Ledger:
         self.start()
         if attempt.valid:
             self.valid += 1
+            self.window_valid += 1
+            self.window_score += attempt.score
         else:
             self.invalid += 1
         self.env_busy_s += attempt.env_seconds
@@ -137,8 +143,11 @@ class Ledger:
             "seed": self.seed,
             "utc": utc_now(),
             **self.counters(),
+            "train_window_valid": self.window_valid,
+            "train_success": self.window_score / self.window_valid if self.window_valid else None,
             "files": files,
         }
+        self.window_valid, self.window_score = 0, 0.0
         append_jsonl(self.checkpoints_path, line)
         return line
 

@@ -1,0 +1,63 @@
+"""One held-out episode: the policy's refused calls are its own mistakes, scored, never a crash."""
+
+from __future__ import annotations
+
+import pytest
+
+from envs.tasks.build import build
+from envs.tasks.local import LocalBackend
+from eval.heldout import Protocol, evaluate
+from trainer.environment import open_arm
+
+PROTOCOL = Protocol(episodes_per_task=1, seeds=(0,), max_steps=3, max_invalid_retries=0,
+                    temperature=0.0, max_new_tokens=32)
+
+
+class Scripted:
+    """A policy that replays tool calls: what the model would have emitted, one per turn."""
+
+    def __init__(self, calls):
+        self.calls, self.seen = calls, []
+
+    def act(self, messages, seed):
+        self.seen.append(messages[-1])
+        name, arguments = self.calls[len(self.seen) - 1]
+        call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+@pytest.fixture(scope="module")
+def task_and_click():
+    tasks, solutions = build(1, 1, families=["click_button"], layout="templated", templates=2)
+    oracle = solutions[0]["oracle"][0]["parameters"]
+    return tasks[0], {"x": oracle["x"], "y": oracle["y"]}
+
+
+@pytest.mark.parametrize("backend", ["local", "embedded"])
+def test_refused_calls_are_told_to_the_policy_and_the_episode_goes_on(task_and_click, backend):
+    task, click = task_and_click
+    policy = Scripted([("click", {"x": 32, "y": 11804}),  # off the screen: the desktop refuses
+                       ("click", {"x": "left"}),           # not a valid call of the tool
+                       ("click", click)])
+    if backend == "local":
+        result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
+    else:
+        with open_arm({"backend": "drums", "url": "embedded", "mode": "fork"}) as arm:
+            result = evaluate(policy, arm, [task], PROTOCOL)
+    (episode,) = result["episode_records"]
+    assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 1.0, 3)
+    assert result["success_rate"] == 1.0 and result["invalid"] == 0
+    # what the policy was told after each refused call: a note, no screenshot
+    notes = [m["content"] for m in policy.seen[1:]]
+    assert [n[0]["type"] for n in notes] == ["text", "text"]
+    assert notes[0][0]["text"].startswith("Refused:") and "outside" in notes[0][0]["text"]
+    assert "x must be int" in notes[1][0]["text"] or "missing" in notes[1][0]["text"]
+
+
+def test_an_episode_of_refused_calls_scores_0_within_max_steps(task_and_click):
+    task, _ = task_and_click
+    policy = Scripted([("click", {"x": -1, "y": 5})] * 5)
+    result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
+    (episode,) = result["episode_records"]
+    assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 0.0, 3)
+    assert result["success_rate"] == 0.0
