@@ -9,7 +9,8 @@ Per the frozen protocol: every held-out task, `episodes_per_task` episodes for e
 seed, at most `max_steps` actions each, on the pre-registered evaluation backend (the same arm's
 environment for every arm under test). The prompt, tools and action mapping are the trainer's
 (trainer/agent.py), so the policy is asked exactly what it was trained on. Decoding is greedy
-unless the protocol sets a temperature; the evaluation seed seeds the sampler. A turn may be as
+unless the protocol sets a temperature; then each turn's sampler is seeded by (task, evaluation
+seed, episode, turn), so episodes draw independently and a rerun draws the same. A turn may be as
 long as a training turn (the run's pinned `max_completion_length`).
 
 An invalid episode (any gate failed) is retried up to `max_invalid_retries` times and counted;
@@ -27,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from envab.hashing import sha256_bytes
 from envab.io import atomic_write_json, read_jsonl
 
 
@@ -93,11 +95,21 @@ class Policy:
                 max_new_tokens=self.max_new_tokens,
                 do_sample=sampling,
                 temperature=self.temperature if sampling else None,
+                # Sampling as GRPO samples (TRL: top_k 0, top_p 1.0), not with transformers'
+                # default top_k of 50, which would evaluate a sharper policy than was trained.
+                top_k=0 if sampling else None,
+                top_p=1.0 if sampling else None,
             )
         self.generation_s += time.perf_counter() - started
         prompt = inputs["input_ids"][0].tolist()
         completion = output[0][len(prompt) :].tolist()
         return parse_response(self.tokenizer, completion, prefix=prompt, tools=TOOLS)
+
+
+def sampler_seed(task_id: str, seed: int, turn: int) -> int:
+    """One seed per (task, episode seed, turn). A seed shared by every task would give all of
+    them the same random draws, so episodes of similar tasks would succeed or fail together."""
+    return int(sha256_bytes(f"{task_id}/{seed}/{turn}".encode())[:15], 16)
 
 
 def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> dict:
@@ -111,7 +123,7 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
         if observation.valid:
             messages = task_prompt(task, observation.screenshot)
             while turns < protocol.max_steps and observation.valid and not observation.done:
-                reply = policy.act(messages, seed * 1_000_003 + turns)
+                reply = policy.act(messages, sampler_seed(task["id"], seed, turns))
                 calls = reply.get("tool_calls") or []
                 if not calls:
                     break  # the policy answered in prose: the episode ends, the checker decides

@@ -61,3 +61,13 @@ def test_an_episode_of_refused_calls_scores_0_within_max_steps(task_and_click):
     (episode,) = result["episode_records"]
     assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 0.0, 3)
     assert result["success_rate"] == 0.0
+
+
+def test_sampled_episodes_draw_independently_and_reproducibly():
+    from eval.heldout import sampler_seed
+
+    seeds = {sampler_seed(task, seed, turn) for task in ("a", "b") for seed in (0, 1)
+             for turn in (0, 1)}
+    assert len(seeds) == 8  # no two (task, episode seed, turn) share a random stream
+    assert sampler_seed("a", 0, 1) == sampler_seed("a", 0, 1)
+    assert all(0 <= s < 2**63 for s in seeds)  # torch.manual_seed takes it
