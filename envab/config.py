@@ -105,6 +105,10 @@ class Target:
         )
 
 
+# Task families whose oracle is clicks only, so the `click` tool set (trainer/agent.py) covers them.
+CLICK_FAMILIES = {"click_button"}
+
+
 def check_config(config: dict, target: Target, source: str = "config.yaml") -> None:
     """Schema plus the cross-checks a schema cannot express (arms agree with the target)."""
     check_schema(config, CONFIG_SCHEMA, source)
@@ -114,6 +118,15 @@ def check_config(config: dict, target: Target, source: str = "config.yaml") -> N
             f"{source}: arms: configured {sorted(configured)} but the pre-registration names "
             f"{sorted(registered)}"
         )
+    factory = config["tasks"].get("factory")
+    if factory and config["training"].get("tools") == "click":
+        families = set(factory.get("families") or ["every family"])
+        if families - CLICK_FAMILIES:
+            raise ConfigError(
+                f"{source}: training.tools: click (click and done) cannot solve "
+                f"{', '.join(sorted(families - CLICK_FAMILIES))}; set tasks.factory.families to "
+                f"{sorted(CLICK_FAMILIES)} or training.tools to computer_13"
+            )
 
 
 def selected_runs(config: dict, target: Target) -> list[tuple[str, int]]:

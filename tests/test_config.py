@@ -34,6 +34,15 @@ def error_lines(result) -> list[str]:
             "config: arms: configured ['qemu'] but the pre-registration names "
             "['drums', 'qemu']",
         ),
+        (
+            lambda c: c["tasks"]["factory"].pop("families"),
+            "config: training.tools: click (click and done) cannot solve every family; set "
+            "tasks.factory.families to ['click_button'] or training.tools to computer_13",
+        ),
+        (
+            lambda c: c["training"].update(tools="mouse"),
+            "config: training.tools: 'mouse' is not one of ['computer_13', 'click']",
+        ),
     ],
 )
 def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
