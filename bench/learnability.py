@@ -80,7 +80,9 @@ p.add_argument("--max-turns", type=int, default=2)
 p.add_argument("--max-completion", type=int, default=128)
 p.add_argument("--reuse-sft", action="store_true",
                help="skip SFT when OUT/sft exists (rerun GRPO on the same warm start)")
-p.add_argument("--arm", choices=("local", "restore", "fork"), default="local")
+p.add_argument("--arm", choices=("local", "restore", "fork", "qemu"), default="local",
+               help="local: in-process; restore/fork: the embedded Drums host; qemu: a VM pool "
+                    "of 16 (one generation batch), the guest from build/qemu")
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--eval-temp", type=float, default=1.0,
                help="evaluation temperature (0: greedy; 1.0: the policy as GRPO samples it)")
@@ -246,6 +248,9 @@ if args.grpo_steps:
     cfg.logging_steps = 5
     if args.arm == "local":
         cm = contextlib.nullcontext(LocalBackend())
+    elif args.arm == "qemu":
+        cm = envmod.open_arm({"backend": "qemu", "vms": 8, "max_vms": args.gens * args.prompts,
+                              "memory_mib": 256, "accel": "auto"})
     else:
         cm = envmod.open_arm({"backend": "drums", "url": "embedded", "mode": args.arm})
     with cm as backend:

@@ -336,6 +336,11 @@ def grpo_config(settings: GrpoSettings, seed: int, out: Path, args):
         max_tool_calling_iterations=settings.max_turns,
         temperature=settings.temperature,
         beta=settings.beta,
+        # A completion cut off at max_completion_length (the policy repeating tool calls) gets
+        # no gradient: measured on the embedded default, batches of truncated, unrewarded
+        # completions pushed down the shared tool-call prefix until the policy stopped calling
+        # tools at all (reward 0 from then on).
+        mask_truncated_completions=True,
         use_cpu=cpu,
         bf16=not cpu,
         gradient_checkpointing=False,
