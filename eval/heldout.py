@@ -127,18 +127,27 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                 calls = reply.get("tool_calls") or []
                 if not calls:
                     break  # the policy answered in prose: the episode ends, the checker decides
-                call = calls[0]["function"]
-                turns += 1
-                # A call the tools refuse (a wrong argument, a click off the screen) is the
-                # policy's mistake: nothing happens and it is told so, as in training
-                # (trainer/environment.py), never an invalid episode and never a crash.
-                try:
-                    action = action_for(call["name"], call.get("arguments") or {})
-                    observation = session.step(action)
-                except ValueError as e:  # ActionRejected is a ValueError on every backend
-                    messages += [reply, tool_message(call["name"], note=f"Refused: {e}")]
-                    continue
-                messages += [reply, tool_message(call["name"], observation.screenshot)]
+                messages.append(reply)
+                # Every call of the reply, in order, each one action of max_steps: what TRL
+                # does in training (it runs all tool calls of a turn; trainer/environment.py
+                # counts each against max_turns).
+                for call in (c["function"] for c in calls):
+                    if turns >= protocol.max_steps or observation.done:
+                        messages.append(tool_message(call["name"], note="The episode is over."))
+                        continue
+                    turns += 1
+                    # A call the tools refuse (a wrong argument, a click off the screen) is the
+                    # policy's mistake: nothing happens and it is told so, as in training, never
+                    # an invalid episode and never a crash.
+                    try:
+                        action = action_for(call["name"], call.get("arguments") or {})
+                        observation = session.step(action)
+                    except ValueError as e:  # ActionRejected is a ValueError on every backend
+                        messages.append(tool_message(call["name"], note=f"Refused: {e}"))
+                        continue
+                    messages.append(tool_message(call["name"], observation.screenshot))
+                    if not observation.valid:
+                        break
         verification = session.verify()
     finally:
         session.close()

@@ -71,3 +71,24 @@ def test_sampled_episodes_draw_independently_and_reproducibly():
     assert len(seeds) == 8  # no two (task, episode seed, turn) share a random stream
     assert sampler_seed("a", 0, 1) == sampler_seed("a", 0, 1)
     assert all(0 <= s < 2**63 for s in seeds)  # torch.manual_seed takes it
+
+
+class Batched(Scripted):
+    """A policy whose one reply carries several tool calls (TRL runs them all in training)."""
+
+    def act(self, messages, seed):
+        self.seen.append(messages[-1])
+        calls = [{"type": "function", "function": {"name": n, "arguments": a}}
+                 for n, a in self.calls]
+        return {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+def test_every_call_of_a_reply_is_played_up_to_max_steps(task_and_click):
+    task, click = task_and_click
+    # empty space, the target, done: all three are played; the fourth call comes after done
+    # (and past max_steps 3), so it is not, else a second click on the target would score 0
+    policy = Batched([("click", {"x": 2, "y": 126}), ("click", click), ("done", {}),
+                      ("click", click)])
+    result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
+    (episode,) = result["episode_records"]
+    assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 1.0, 3)
