@@ -96,9 +96,7 @@ torch.set_num_threads(args.threads)
 
 from trainer import agent  # noqa: E402
 
-agent.TOOLS[:] = list(agent.TOOL_SETS[args.toolset])
-agent._BY_NAME.clear()
-agent._BY_NAME.update({t.__name__: t for t in agent.TOOLS})
+agent.use_tool_set(args.toolset)
 
 from envab.split import split_tasks  # noqa: E402
 from envs.tasks.local import LocalBackend  # noqa: E402
@@ -227,10 +225,6 @@ if args.grpo_steps:
     from trainer.grpo import GrpoSettings, grpo_config
     from trainer.guards import HeldoutGuard
     from trainer.model import load
-    # the environment class got its tools at import: keep only this tool set
-    for name in ("double_click", "type_text", "press", "scroll", "fail"):
-        if name not in agent._BY_NAME and hasattr(envmod.ArmEnvironment, name):
-            delattr(envmod.ArmEnvironment, name)
     set_seed(1)
     tmap = {t["id"]: t for t in train}
     rows, first = agent.training_rows(tmap)

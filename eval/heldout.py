@@ -133,8 +133,7 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                 # counts each against max_turns).
                 for call in (c["function"] for c in calls):
                     if turns >= protocol.max_steps or observation.done:
-                        messages.append(tool_message(call["name"], note="The episode is over."))
-                        continue
+                        break  # the episode is over; nothing more is asked of the policy
                     turns += 1
                     # A call the tools refuse (a wrong argument, a click off the screen) is the
                     # policy's mistake: nothing happens and it is told so, as in training, never
