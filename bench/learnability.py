@@ -240,7 +240,7 @@ if args.grpo_steps:
     class A:
         device = "cpu"
         vllm_server = None
-    cfg = grpo_config(settings, 1, gdir, A())
+    cfg = grpo_config(settings, 1, gdir, A(), processor.tokenizer)
     cfg.max_steps = args.grpo_steps
     cfg.logging_steps = 5
     if args.arm == "local":

@@ -67,6 +67,9 @@ class Policy:
         self.model, self.processor = load(checkpoint)
         self.model.eval()
         self.tokenizer = add_response_schema(self.processor.tokenizer)
+        from trainer.agent import turn_generation_kwargs
+
+        self.turn = turn_generation_kwargs(self.tokenizer)  # one tool call per turn, as trained
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.generation_s = 0.0
@@ -99,6 +102,7 @@ class Policy:
                 # default top_k of 50, which would evaluate a sharper policy than was trained.
                 top_k=0 if sampling else None,
                 top_p=1.0 if sampling else None,
+                **self.turn,
             )
         self.generation_s += time.perf_counter() - started
         prompt = inputs["input_ids"][0].tolist()

@@ -150,6 +150,37 @@ def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, 
     assert batch["input_ids"][0][: len(prompt)].tolist() == list(prompt)
 
 
+def test_a_turn_ends_right_after_its_first_tool_call(task_set, tiny):
+    import torch
+
+    model, processor = tiny
+    tasks, _ = task_set
+    task = tasks[sorted(tasks)[0]]
+    prompt = processor.apply_chat_template(
+        agent.task_prompt(task, agent.first_screenshot(task)), tools=agent.TOOLS,
+        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+    call = processor.tokenizer.encode(
+        '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>', add_special_tokens=False)
+    # the prompt followed by one complete tool call; per-token fields grow with it (text tokens)
+    inputs = {k: torch.cat([v, torch.tensor([call]) if k == "input_ids" else
+                            torch.full((1, len(call)), int(k == "attention_mask"))], 1)
+              if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
+              for k, v in prompt.items()}
+    eos = processor.tokenizer.eos_token_id
+
+    def next_tokens(**turn):
+        tokens = set()
+        for seed in range(8):
+            torch.manual_seed(seed)
+            out = model.generate(**inputs, max_new_tokens=1, do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, **turn)
+            tokens.add(int(out[0, -1]))
+        return tokens
+
+    assert next_tokens() != {eos}  # the untrained model would run on after the call ...
+    assert next_tokens(**agent.turn_generation_kwargs(processor.tokenizer)) == {eos}  # ... not now
+
+
 # --- the environment on the embedded host --------------------------------------------------------
 
 

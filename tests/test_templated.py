@@ -50,10 +50,28 @@ def test_the_validator_accepts_every_templated_task(templated_set):
     tasks, solutions = templated_set
     results = validate(LocalBackend().create, tasks, solutions)
     assert [r.id for r in results if not r.accepted] == []
-    # each other template's slot for the target is a near miss that must score 0
+    # each other template's slot for the target is a near miss that must score 0, alone and
+    # after the target itself ("click the row in every column" must not pass)
     for r in results:
-        slots = [p for p in r.plays if p.name.startswith("template")]
-        assert len(slots) == 1 and all(p.valid and p.score == 0.0 for p in slots), r.id
+        for prefix in ("template", "target_then_template"):
+            slots = [p for p in r.plays if p.name.startswith(prefix)]
+            assert len(slots) == 1 and all(p.valid and p.score == 0.0 for p in slots), r.id
+
+
+def test_decoys_fill_the_other_column_at_the_toolbar_rows(templated_set):
+    tasks, _ = templated_set
+    for task in tasks:
+        live = task["generator"]["template"]
+        widgets = [c["parameters"] for c in task["config"]
+                   if c["type"] == "widget" and c["parameters"]["kind"] == "button"]
+        rows = defaultdict(dict)  # row top -> column -> label
+        for w in widgets:
+            rows[w["rect"][1]][0 if w["rect"][0] < 64 else 1] = w["label"]
+        assert all(set(r) == {0, 1} for r in rows.values()), task["id"]  # no row left half-empty
+        toolbar = {r[live] for r in rows.values()}
+        decoys = {r[1 - live] for r in rows.values()}
+        assert toolbar <= set(templated.CLICK_LABELS) and decoys <= set(templated.DECOY_LABELS)
+        assert task["instruction"] in {f"Click {x}." for x in toolbar}
 
 
 def test_same_instruction_different_template_means_a_different_click(templated_set):

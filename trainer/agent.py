@@ -142,6 +142,27 @@ def action_for(name: str, arguments: Mapping | None) -> dict:
     return check_action(_ACTIONS[name](**arguments))
 
 
+# --- decoding -------------------------------------------------------------------------------------
+# A turn is one tool call: right after its `</tool_call>` the turn ends (`<|im_end|>`), so the
+# environment answers each action before the policy picks the next. Measured on the embedded
+# default without this: from about step 60 of GRPO the tiny policy's turns ran on after the call
+# ("</tool_call></tool_call>..." up to max_completion_length), and such turns neither end nor
+# learn. A sequence bias, not a stop token: the turn still ends with the end-of-turn token, so
+# the conversation TRL builds for the next turn is the one the chat template (and the
+# evaluation) renders. transformers' generate takes it; vLLM has no sequence bias, so a
+# GPU run under vLLM leaves it out (an instruction-tuned model ends its turns itself).
+END_OF_CALL = "</tool_call>"
+TURN_END_BIAS = 100.0  # logit units: the end-of-turn token is then all but certain
+
+
+def turn_generation_kwargs(tokenizer) -> dict:
+    """transformers generation settings that end a turn right after its first tool call."""
+    end_of_call = tokenizer.convert_tokens_to_ids(END_OF_CALL)
+    if not isinstance(end_of_call, int) or end_of_call == tokenizer.unk_token_id:
+        raise ValueError(f"the tokenizer has no single {END_OF_CALL} token")
+    return {"sequence_bias": [[[end_of_call, tokenizer.eos_token_id], TURN_END_BIAS]]}
+
+
 # --- the prompt ----------------------------------------------------------------------------------
 
 

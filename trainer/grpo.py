@@ -276,7 +276,7 @@ def train(args) -> dict:
         )
 
         # 4. TRL's trainer, with the settings that must not differ between arms taken from pins
-        config = grpo_config(settings, seed, out, args)
+        config = grpo_config(settings, seed, out, args, processor.tokenizer)
         trainer = GRPOTrainer(
             model=model,
             processing_class=processor,
@@ -317,8 +317,10 @@ def train(args) -> dict:
     return record
 
 
-def grpo_config(settings: GrpoSettings, seed: int, out: Path, args):
+def grpo_config(settings: GrpoSettings, seed: int, out: Path, args, tokenizer):
     from trl import GRPOConfig
+
+    from trainer.agent import turn_generation_kwargs
 
     cpu = args.device == "cpu"
     return GRPOConfig(
@@ -336,11 +338,13 @@ def grpo_config(settings: GrpoSettings, seed: int, out: Path, args):
         max_tool_calling_iterations=settings.max_turns,
         temperature=settings.temperature,
         beta=settings.beta,
-        # A completion cut off at max_completion_length (the policy repeating tool calls) gets
-        # no gradient: measured on the embedded default, batches of truncated, unrewarded
-        # completions pushed down the shared tool-call prefix until the policy stopped calling
-        # tools at all (reward 0 from then on).
-        mask_truncated_completions=True,
+        # One tool call per turn (trainer/agent.py) on the transformers path; vLLM has no
+        # sequence bias (see agent.turn_generation_kwargs).
+        generation_kwargs=turn_generation_kwargs(tokenizer) if cpu else None,
+        # Every completion keeps its gradient, a truncated one included: masking truncation
+        # made running to the length limit a shelter from negative advantages, and the tiny
+        # policy drifted there (measured; README "Does it learn?").
+        mask_truncated_completions=False,
         use_cpu=cpu,
         bf16=not cpu,
         gradient_checkpointing=False,

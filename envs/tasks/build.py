@@ -6,7 +6,8 @@
 Every task is a function of (seed, family, index) and the screen size. tasks.jsonl is what an
 environment is created with (no solutions inside); solutions.jsonl holds, per task id, the oracle
 action list and the near misses, for the validator only. `--check` builds twice and fails on any
-byte difference. GENERATOR_VERSION changes whenever a build's bytes change.
+byte difference. GENERATOR_VERSION changes whenever a seeded build's bytes change, and
+templated.VERSION whenever a templated build's do.
 
 `--layout seeded` (the default) places widgets at seeded random spots (envs/tasks/layout.py);
 `--layout templated --templates K` uses K layout templates per family told apart by a global cue
@@ -49,7 +50,8 @@ def make_task(seed: int, family: str, index: int, width: int = 128, height: int 
         rng = task_rng(seed, family, index)
         if layout == "templated":
             spec, template = templated.make_spec(family, rng, width, height, seed, templates)
-            generator.update(layout=layout, templates=templates, template=template)
+            generator.update(version=templated.VERSION, layout=layout, templates=templates,
+                             template=template)
         elif layout == "seeded":
             spec = FAMILIES[family](rng, width, height)
         else:
@@ -107,7 +109,7 @@ def write_build(out: Path, seed: int, per_family: int, width: int = 128, height:
     for t in tasks:
         counts[t["family"]] = counts.get(t["family"], 0) + 1
     index = {
-        "generator_version": GENERATOR_VERSION,
+        "generator_version": templated.VERSION if layout == "templated" else GENERATOR_VERSION,
         "seed": seed,
         "per_family": per_family,
         "screen": [width, height],

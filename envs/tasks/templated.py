@@ -11,7 +11,10 @@ the task's generator as before.
 
 The instruction names the label ("Click Save."), never the template. So the text fixes the row
 of the click and the screen fixes its column: a policy that ignores the screen is right 1 time
-in k at best. What this asks of vision, honestly: telling k window themes (equivalently, which
+in k at best. The other templates' columns are not empty: decoy buttons with labels no
+instruction names fill them at the toolbar's rows, so a click in the wrong column changes a
+decoy and fails the task (an empty column would let "click the row in every column" succeed
+without reading the screen), and the button pattern alone does not say which column is live. What this asks of vision, honestly: telling k window themes (equivalently, which
 side the buttons are on) apart, a property of every image token, not reading labels or finding
 one object among others. The study behind this choice is bench/learnability.py.
 
@@ -28,12 +31,19 @@ from envs.tasks.families import Spec, _spec, click, double_click
 from envs.tasks.layout import CELL_H, CELL_W, MARGIN, Grid, size_of
 from envs.tasks.scene import Scene
 
+# The templated layout's generator version: it changes whenever a templated build's bytes do
+# (2: decoy buttons fill the other columns).
+VERSION = "2"
 MAX_TEMPLATES = 4
 # The theme of template i, ordered so that the first k are as different as they can be (light
 # against dark is the strongest pair).
 CUES = ("light", "dark", "sand", "mint")
 # Labels a templated click_button task may show.
 CLICK_LABELS = ("Save", "Open", "Send", "Print", "Copy", "Undo", "Apply", "Reset")
+# Labels of the decoy buttons that fill the other templates' columns. No instruction names them,
+# so they appear in pixels only; clicking one changes its value, which fails the task.
+DECOY_LABELS = ("Cut", "Paste", "Find", "Help", "Close", "Edit", "View", "Zoom", "Sort", "Share",
+                "Sync", "Load", "Next", "Back", "Stop")
 
 
 @dataclass(frozen=True)
@@ -97,11 +107,20 @@ def click_button(r: random.Random, width: int, height: int,
     target, other = keys[0], r.choice(keys[1:])
     near = {"other_button": [click(sc.at(other))],
             "double_click": [double_click(sc.at(target))]}
-    # Where each other template puts the target: what a policy that ignores the screen may click.
-    for t in templates:
-        if t.index != template.index:
-            x, y, w, h = slot_rect("button", labels[0], t.slots[labels[0]], width, height)
-            near[f"template{t.index}_slot"] = [click((x + w // 2, y + h // 2))]
+    others = [t for t in templates if t.index != template.index]
+    decoys = iter(r.sample(DECOY_LABELS, len(labels) * len(others)))
+    for t in others:
+        for x in labels:
+            _, row = template.slots[x]
+            decoy = next(decoys)
+            key = _place(sc, "button", decoy, slot_rect("button", decoy, (t.index, row), width,
+                                                         height))
+            if x == labels[0]:
+                # Where another template puts the target: what a policy that ignores the screen
+                # clicks, alone or after the target ("click the row in every column").
+                near[f"template{t.index}_slot"] = [click(sc.at(key))]
+                near[f"target_then_template{t.index}_slot"] = [click(sc.at(target)),
+                                                               click(sc.at(key))]
     spec = _spec(sc, f"Click {labels[0]}.", {target: 1}, [click(sc.at(target))], near)
     return spec, template.index
 
