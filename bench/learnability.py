@@ -78,8 +78,8 @@ p.add_argument("--grpo-lr", type=float, default=3e-4)
 p.add_argument("--gens", type=int, default=8)
 p.add_argument("--prompts", type=int, default=2)
 p.add_argument("--temp", type=float, default=1.0)
-p.add_argument("--beta", type=float, default=0.0, help="KL coefficient against the warm start")
-p.add_argument("--max-turns", type=int, default=2)
+p.add_argument("--beta", type=float, default=0.04, help="KL coefficient against the warm start")
+p.add_argument("--max-turns", type=int, default=1)
 p.add_argument("--max-completion", type=int, default=128)
 p.add_argument("--reuse-sft", action="store_true",
                help="skip SFT when OUT/sft exists (rerun GRPO on the same warm start)")
@@ -90,6 +90,7 @@ p.add_argument("--threads", type=int, default=2)
 p.add_argument("--eval-temp", type=float, default=1.0,
                help="evaluation temperature (0: greedy; 1.0: the policy as GRPO samples it)")
 p.add_argument("--eval-seeds", type=int, default=2, help="evaluation seeds (episodes per task)")
+p.add_argument("--eval-steps", type=int, default=1, help="evaluation max_steps (actions)")
 args = p.parse_args()
 
 torch.set_num_threads(args.threads)
@@ -120,7 +121,7 @@ pinned = out / "pinned"
 if not pinned.exists():
     tiny_model.build(sorted({t["instruction"] for t in train}), pinned, TinySpec(seed=0))
 
-proto = Protocol(episodes_per_task=1, seeds=tuple(range(args.eval_seeds)), max_steps=2,
+proto = Protocol(episodes_per_task=1, seeds=tuple(range(args.eval_seeds)), max_steps=args.eval_steps,
                  max_invalid_retries=0, temperature=args.eval_temp, max_new_tokens=96)
 
 
@@ -252,7 +253,7 @@ if args.grpo_steps:
         cm = envmod.open_arm({"backend": "drums", "url": "embedded", "mode": args.arm})
     with cm as backend:
         groups = ForkGroups(backend, args.gens)
-        run = Run(tmap, first, HeldoutGuard({t["id"] for t in held}), ledger, groups, 2,
+        run = Run(tmap, first, HeldoutGuard({t["id"] for t in held}), ledger, groups, args.max_turns,
                   GenerationClock())
         from transformers import TrainerCallback
 
