@@ -14,9 +14,10 @@ of the click and the screen fixes its column: a policy that ignores the screen i
 in k at best. The other templates' columns are not empty: decoy buttons with labels no
 instruction names fill them at the toolbar's rows, so a click in the wrong column changes a
 decoy and fails the task (an empty column would let "click the row in every column" succeed
-without reading the screen), and the button pattern alone does not say which column is live. What this asks of vision, honestly: telling k window themes (equivalently, which
-side the buttons are on) apart, a property of every image token, not reading labels or finding
-one object among others. The study behind this choice is bench/learnability.py.
+without reading the screen), and the button pattern alone does not say which column is live.
+What this asks of vision, honestly: telling k window themes apart, a property of every image
+token, not reading labels or finding one object among others. The study behind this choice
+is bench/learnability.py.
 
 Templates are a function of (seed, family, k) only, so every task of a build shares them.
 """
