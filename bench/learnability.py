@@ -50,7 +50,7 @@ What the numbers say:
   evaluation samples as training does, two episodes per task, each drawn independently.
 - lr 5e-4 collapsed (reward to 0 within 30 steps); beta 0 throughout.
 - SFT ~1.0-1.2 s/step, GRPO 1.8-2.3 s/step (8 x 2 generations) on this machine.
-- These GRPO numbers predate three changes, below.
+- These GRPO numbers predate the changes below.
 
 The shipped design (decoy buttons fill the other column, so a wrong-column click fails; a turn
 ends right after its first tool call; no masking of truncated completions). Why: reading the
