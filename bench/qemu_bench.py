@@ -1,7 +1,8 @@
 """Benchmark the QEMU warm-snapshot pool: loadvm, create, step, and rollouts per host-hour.
 
     python bench/qemu_bench.py [--cache build/qemu] [--memory 256 512] [--restores 20]
-                               [--seconds 60] [--vms 1 2] [--out FILE.json]
+                               [--seconds 60] [--vms 1 2] [--sustained 0] [--batch 16]
+                               [--out FILE.json]
 
 Prints two markdown tables:
 - latency (median, p95) per guest memory size: QMP `loadvm warm` alone; a whole create
@@ -10,6 +11,10 @@ Prints two markdown tables:
 - valid rollouts per host-hour with the oracle policy at 1 and 2 VMs (the first memory size).
   One rollout: create, the oracle's actions, verify, close. A host-hour is an hour of wall time
   with the pool held. The policy takes no time, so this is the pool's ceiling.
+- with `--sustained SECONDS`: create time per minute of a pool used as a GRPO step uses it
+  (`--batch` VMs; each round creates the whole batch one after another, plays one oracle action
+  in each, verifies and closes them). A create that grows over minutes is a guest that does
+  more work after each restore as its VM ages (the guest clock jump: envs/qemu/vm.py).
 A guest memory size without a warm snapshot yet is booted and saved first (a minute or two).
 """
 
@@ -80,6 +85,23 @@ def rollouts(pool: QemuPool, tasks, oracle, seconds: float) -> dict:
     return {**counts, "wall_s": wall, "per_host_hour": counts["valid"] * 3600 / wall}
 
 
+def sustained(pool: QemuPool, tasks, oracle, seconds: float, batch: int) -> dict:
+    """Rounds of `batch` sessions open at once, as a GRPO generation batch; creates by minute."""
+    by_minute: dict[int, list[float]] = {}
+    t0, rounds = time.monotonic(), 0
+    while time.monotonic() - t0 < seconds:
+        sessions = [pool.create(tasks[(rounds * batch + i) % len(tasks)]) for i in range(batch)]
+        for session in sessions:
+            session.step(oracle[session.task["id"]][0])
+            session.verify()
+            session.close()
+            by_minute.setdefault(int((time.monotonic() - t0) // 60), []).append(
+                session.timings["create_s"])
+        rounds += 1
+    return {"rounds": rounds, "batch": batch,
+            "create_by_minute": {m: xs for m, xs in sorted(by_minute.items())}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache", type=Path, default=Path("build/qemu"))
@@ -89,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="per throughput cell")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per-family", type=int, default=2)
+    p.add_argument("--sustained", type=float, default=0.0,
+                   help="seconds of GRPO-like rounds (0: skip)")
+    p.add_argument("--batch", type=int, default=16, help="sessions open at once in --sustained")
     p.add_argument("--out", type=Path, help="also write the numbers as JSON")
     args = p.parse_args(argv)
     tasks, solutions = build(seed=args.seed, per_family=args.per_family)
@@ -110,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
             results["rollouts"][vms] = rollouts(pool, tasks, oracle, args.seconds)
             results["rollouts"][vms]["load"] = os.getloadavg()[0]
         print(f"rollouts at {vms} VMs done", file=sys.stderr, flush=True)
+    if args.sustained > 0:
+        config = QemuConfig(vms=args.batch, memory_mib=args.memory[0], cache=args.cache,
+                            step_timeout_s=30.0)
+        with QemuPool(config) as pool:
+            results["sustained"] = sustained(pool, tasks, oracle, args.sustained, args.batch)
+            results["sustained"]["load"] = os.getloadavg()[0]
+        print("sustained rounds done", file=sys.stderr, flush=True)
     print(render(results, args.memory[0]))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
@@ -129,6 +161,13 @@ def render(results: dict, memory: int) -> str:
     for vms, r in results["rollouts"].items():
         lines.append(f"| {vms} | {r['valid']} | {r['invalid']} | {r['wall_s']:.0f} | "
                      f"{r['per_host_hour']:.0f} | {r['load']:.1f} |")
+    if "sustained" in results:
+        r = results["sustained"]
+        lines += ["", f"Sustained: {r['rounds']} rounds of {r['batch']} sessions open at once",
+                  "", "| minute | creates | create ms (median / p95) |", "|---|---|---|"]
+        for minute, xs in r["create_by_minute"].items():
+            median, p95 = summary(xs)
+            lines.append(f"| {minute} | {len(xs)} | {median:.0f} / {p95:.0f} |")
     lines += ["", f"{os.cpu_count()} host cores; load is the host's 1-minute load average at "
                   "the end of each cell (other work on the host slows TCG)."]
     return "\n".join(lines)

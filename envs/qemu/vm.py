@@ -32,8 +32,22 @@ QGA_PORT = "org.qemu.guest_agent.0"
 FB_SIZE = (640, 480)  # the virtual display; the desktop is drawn at its top-left corner
 KERNEL_ARGS = (
     "root=/dev/vda ro rootfstype=ext4 console=ttyS0 quiet loglevel=3 "
-    "vt.global_cursor_default=0 init_on_free=1 mitigations=off systemd.show_status=0"
+    "vt.global_cursor_default=0 init_on_free=1 mitigations=off systemd.show_status=0 "
+    "systemd.service_watchdogs=0"
 )
+# Under TCG the guest keeps time by the HPET, not the TSC: TCG reads the TSC from the host and a
+# restore does not turn it back, so each restored guest saw every second since its VM launched
+# pass at once. Past three minutes systemd took journald for hung (its WatchdogSec) and restarted
+# it after every restore, ~1 s of CPU, and the rest of the guest's catch-up grew with the VM's
+# age: a GRPO step on this arm doubled within minutes. QEMU restores the HPET's counter with the
+# snapshot, so the restored guest's clock reads the snapshot's time. Under KVM the TSC and
+# kvm-clock are restored with the snapshot already. Service watchdogs are off either way: no
+# service of a restored guest has pinged since the snapshot was saved.
+TCG_CLOCK_ARGS = "clocksource=hpet tsc=unstable"
+
+
+def kernel_args(accel: str) -> str:
+    return f"{KERNEL_ARGS} {TCG_CLOCK_ARGS}" if accel == "tcg" else KERNEL_ARGS
 LAUNCH_TIMEOUT_S = 60.0
 MONITOR_TIMEOUT_S = 120.0  # savevm and loadvm included
 
@@ -75,7 +89,8 @@ class VMSpec:
             qemu, "-name", run_dir.name, "-nodefaults", "-no-user-config",
             "-machine", f"pc,accel={self.accel}", "-smp", "1", "-m", str(self.memory_mib),
             "-display", "none", "-device", f"VGA,xres={xres},yres={yres}",
-            "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", KERNEL_ARGS,
+            "-kernel", str(self.kernel), "-initrd", str(self.initrd),
+            "-append", kernel_args(self.accel),
             "-drive", f"file={self.root},if=none,id=root,format=qcow2,readonly=on",
             "-device", "virtio-blk-pci,drive=root",
             "-blockdev", f"driver=qcow2,node-name=warm,file.driver=file,file.filename={warm}",
