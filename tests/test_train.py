@@ -18,7 +18,7 @@ import pytest
 
 from envab.hashing import file_manifest
 
-EXP = "embedded-default-v3"
+EXP = "embedded-default-v4"
 RESULTS = Path("results") / EXP
 BUDGET_VALID = 8
 INTERVAL = 2
