@@ -1,6 +1,6 @@
 """Recheck every digest in receipts/<experiment>/ against the files: one line per item.
 
-    python -m envab.verify receipts/embedded-default-v4
+    python -m envab.verify receipts/embedded-default-v5
 
 Prints ``ok`` / ``MISMATCH`` / ``MISSING`` / ``MALFORMED`` with the path for every subject and every
 receipt a receipt depends on, and exits non-zero on any failure.

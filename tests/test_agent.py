@@ -5,13 +5,17 @@ forward pass) and the embedded host in both modes, with its fault switches."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 from transformers.utils import get_json_schema
 from trl.data_utils import prepare_multimodal_messages
 
 from envs.tasks.build import build
+from envs.tasks.local import LocalBackend
 from trainer import agent
 from trainer.accounting import Ledger, Prices
 from trainer.environment import (
@@ -24,6 +28,8 @@ from trainer.environment import (
 )
 from trainer.forkgroups import ForkGroups
 from trainer.guards import GuardError, HeldoutGuard
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +243,43 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
     parents = {line["fork_parent"] for line in lines}
     assert (parents == {None}) if mode == "restore" else (len(parents) == 1 and None not in parents)
     assert run.ledger.valid == 2 and run.ledger.checkpoint_due()
+
+
+def refusals(backend, tmp_path, tasks, task_id) -> list:
+    """What the policy reads after actions every desktop refuses (nothing changes)."""
+    run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, group=1)
+    env = environment_class()(run)
+    env.reset(task_id=task_id)
+    read = [env.click(x=-5, y=3), env.click(x=3, y=500)]
+    assert env.get_reward() == 0.0  # refused actions are the policy's, not the environment's
+    return read
+
+
+def test_a_refused_action_reads_the_same_on_every_arm(tmp_path, task_set):
+    """A backend refuses with a ValueError; the Drums client's is an ActionRejected. The note the
+    policy reads must not tell the arms apart (it once did: the in-process and QEMU arms' refusals
+    reached TRL as {"error": ...} instead of the note)."""
+    tasks, _ = task_set
+    task_id = sorted(tasks)[0]
+    with open_arm({"backend": "drums", "url": "embedded", "mode": "restore"}) as backend:
+        drums = refusals(backend, tmp_path / "drums", tasks, task_id)
+    local = refusals(LocalBackend(), tmp_path / "local", tasks, task_id)
+    assert all(r[0]["type"] == "text" and r[0]["text"].startswith("Refused: ") for r in drums)
+    assert local == drums
+
+
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
+                    reason="qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
+def test_a_refused_action_reads_the_same_on_the_qemu_arm(tmp_path, task_set):
+    """The QEMU pool refuses in the host process, before the guest sees the action."""
+    from envs.qemu import QemuConfig, QemuPool
+
+    tasks, _ = task_set
+    task_id = sorted(tasks)[0]
+    cache = Path(os.environ.get("ENVAB_QEMU_CACHE", REPO / "build/qemu"))
+    with QemuPool(QemuConfig(vms=1, cache=cache, step_timeout_s=20.0)) as pool:
+        qemu = refusals(pool, tmp_path / "qemu", tasks, task_id)
+    assert qemu == refusals(LocalBackend(), tmp_path / "local", tasks, task_id)
 
 
 def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-EXP = "embedded-default-v4"
+EXP = "embedded-default-v5"
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP
 

@@ -103,9 +103,9 @@ def test_config_selection_restricts_the_dry_run(workflow):
     everything = workflow.snakemake("-n")
     one = workflow.snakemake("-n", "--config", "arm=drums", "seed=1")
     assert everything.returncode == 0 and one.returncode == 0, everything.stderr + one.stderr
-    assert "results/embedded-default-v4/qemu/seed1/pins.json" in everything.stdout
-    assert "results/embedded-default-v4/drums/seed1/pins.json" in one.stdout
-    assert "results/embedded-default-v4/qemu/seed1/pins.json" not in one.stdout
+    assert "results/embedded-default-v5/qemu/seed1/pins.json" in everything.stdout
+    assert "results/embedded-default-v5/drums/seed1/pins.json" in one.stdout
+    assert "results/embedded-default-v5/qemu/seed1/pins.json" not in one.stdout
 
 
 def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():

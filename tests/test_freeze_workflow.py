@@ -9,7 +9,7 @@ import pytest
 
 from envab.receipts import read_receipt
 
-EXP = "embedded-default-v4"
+EXP = "embedded-default-v5"
 RECEIPTS = Path("receipts") / EXP
 RESULTS = Path("results") / EXP
 
@@ -62,7 +62,7 @@ def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
     frozen.edit_target(lambda t: t["target"].update(threshold=0.4))
     result = frozen.snakemake()
     assert result.returncode != 0
-    assert "was edited after experiment 'embedded-default-v4' was frozen" in result.stderr
+    assert "was edited after experiment 'embedded-default-v5' was frozen" in result.stderr
     assert "new experiment_id" in result.stderr
     assert receipt.read_bytes() == before
     # A stage run outside Snakemake checks the frozen digest too.

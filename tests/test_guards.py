@@ -15,8 +15,8 @@ from trainer.guards import (
     heldout_ids,
 )
 
-RECEIPTS = "receipts/embedded-default-v4"
-PINS = "results/embedded-default-v4/drums/seed1/pins.json"
+RECEIPTS = "receipts/embedded-default-v5"
+PINS = "results/embedded-default-v5/drums/seed1/pins.json"
 
 
 def test_a_clean_freeze_passes_every_guard(frozen):
@@ -55,7 +55,7 @@ def test_heldout_ids_never_reach_the_trainer(frozen):
     heldout = heldout_ids(frozen.root / RECEIPTS)
     train = [
         json.loads(line)["id"]
-        for line in (frozen.root / "results/embedded-default-v4/tasks/train.jsonl").open()
+        for line in (frozen.root / "results/embedded-default-v5/tasks/train.jsonl").open()
     ]
     guard = HeldoutGuard(heldout)
     guard.check_dataset(train)

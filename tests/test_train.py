@@ -18,7 +18,7 @@ import pytest
 
 from envab.hashing import file_manifest
 
-EXP = "embedded-default-v4"
+EXP = "embedded-default-v5"
 RESULTS = Path("results") / EXP
 BUDGET_VALID = 8
 INTERVAL = 2

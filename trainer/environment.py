@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from envab.receipts import utc_now
-from envs.drums import EMBEDDED, ActionRejected, connect
+from envs.drums import EMBEDDED, connect
 from envs.protocol import Gate, Session, Verification
 from trainer import agent
 from trainer.accounting import Attempt, Ledger
@@ -149,8 +149,10 @@ class ArmEnvironment:
         t0 = time.monotonic()
         try:
             obs = ep.session.step(action, generation=ep.session.generation)
-        except ActionRejected as e:  # e.g. off screen; the desktop did not change
-            return agent.tool_result(note=f"Refused: {e}")
+        except ValueError as e:  # e.g. off screen; the desktop did not change
+            # Every backend refuses with a ValueError (the Drums client's ActionRejected is one,
+            # carrying the host's first line), so the policy reads the same note on every arm.
+            return agent.tool_result(note=f"Refused: {next(iter(str(e).splitlines()), '')}")
         finally:
             seconds = time.monotonic() - t0
             ep.env_seconds += seconds
