@@ -1,15 +1,15 @@
 """Training-task success of a finished run's checkpoints, under the frozen evaluation protocol.
 
-    python bench/train_success.py [--experiment embedded-default-v5] [--arm qemu drums]
-                                  [--checkpoint valid-000000 LAST]
+    python bench/train_success.py [--arm qemu drums] [--seed 1] [--checkpoint valid-000000 LAST]
 
 The pipeline evaluates held-out tasks only (that is its question). This asks the other one the
 trainer issue asks: does GRPO raise success on the tasks it trains on, per arm? Each checkpoint
 is played on every training task (results/<exp>/tasks/train.jsonl) exactly as the held-out
-evaluation plays its tasks (eval.heldout.evaluate: the target's seeds and episodes per task,
+evaluation plays its tasks (eval.heldout.evaluate: the frozen target's seeds and episodes per task,
 sampled at its temperature, one action each), in-process (LocalBackend: the pixels and checker
 every arm shares). LAST is a run's last checkpoint. It also prints whether two arms' checkpoints
-are the same files (their digests in checkpoints.jsonl).
+are the same files (their digests in checkpoints.jsonl). The experiment is the one
+preregistration/target.yaml registers, checked against its freeze receipt.
 """
 
 from __future__ import annotations
@@ -19,46 +19,50 @@ import json
 import time
 from pathlib import Path
 
-import yaml
-
+from envab.io import read_jsonl
+from envab.preregistration import check_frozen
 from envs.tasks.local import LocalBackend
 from eval.heldout import Policy, Protocol, evaluate
 from trainer import agent
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--experiment", default=None, help="default: preregistration/target.yaml's")
     p.add_argument("--arm", nargs="+", default=["qemu", "drums"])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--checkpoint", nargs="+", default=["valid-000000", "LAST"])
     args = p.parse_args(argv)
 
-    target = yaml.safe_load(Path("preregistration/target.yaml").read_text())
-    exp = args.experiment or target["experiment_id"]
+    target = check_frozen("preregistration/target.yaml")
+    exp = target.experiment_id
     root = Path("results") / exp
-    train = read_jsonl(root / "tasks/train.jsonl")
+    train = list(read_jsonl(root / "tasks/train.jsonl"))
     digests = {}
+    played: dict[str, str] = {}  # checkpoint files -> what playing them gave
     for arm in args.arm:
         run = root / arm / f"seed{args.seed}"
         pins = json.loads((run / "pins.json").read_text())
-        protocol = Protocol.from_target(target, pins["training"]["grpo"]["max_completion_length"])
+        max_new_tokens = pins["training"]["grpo"]["max_completion_length"]
+        protocol = Protocol.from_target(target.raw, max_new_tokens)
         agent.use_tool_set(pins["training"]["tools"])
-        records = read_jsonl(run / "checkpoints.jsonl")
+        records = list(read_jsonl(run / "checkpoints.jsonl"))
         digests[arm] = {r["checkpoint"]: r.get("files") for r in records}
         names = [records[-1]["checkpoint"] if c == "LAST" else c for c in args.checkpoint]
         for name in names:
+            # Checkpoint files another arm already played (the arms train the same model).
+            files = json.dumps(digests[arm].get(name), sort_keys=True)
+            if digests[arm].get(name) and files in played:
+                print(f"{exp} {arm} seed{args.seed} {name}: {played[files]}", flush=True)
+                continue
             t0 = time.perf_counter()
             policy = Policy(run / "checkpoints" / name, protocol.temperature,
                             protocol.max_new_tokens)
             result = evaluate(policy, LocalBackend(), train, protocol)
-            print(f"{exp} {arm} seed{args.seed} {name}: training-task success "
-                  f"{result['success_rate']:.3f} ({result['successes']}/{result['episodes']}, "
-                  f"{result['invalid']} invalid) in {time.perf_counter() - t0:.0f} s", flush=True)
+            played[files] = (f"training-task success {result['success_rate']:.3f} "
+                             f"({result['successes']}/{result['episodes']}, {result['invalid']} "
+                             f"invalid)")
+            print(f"{exp} {arm} seed{args.seed} {name}: {played[files]} in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
     if len(digests) == 2:
         a, b = digests
         shared = sorted(set(digests[a]) & set(digests[b]))
