@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on CI machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.outcome import Run  # noqa: E402
+from analysis.runs import RunRecords  # noqa: E402
 from analysis.statistics import wilson_interval  # noqa: E402
 
 VIEWS = {
@@ -19,7 +19,7 @@ VIEWS = {
 }
 
 
-def points(run: Run, x_key: str) -> list[tuple[float, float, float, float]]:
+def points(run: RunRecords, x_key: str) -> list[tuple[float, float, float, float]]:
     """(x, rate, low, high) for each checkpoint with a scored evaluation."""
     out = []
     for checkpoint in sorted(run.checkpoints, key=lambda c: c["valid_trajectories"]):
@@ -33,7 +33,7 @@ def points(run: Run, x_key: str) -> list[tuple[float, float, float, float]]:
     return out
 
 
-def plot_curves(runs: list[Run], threshold: float, out: str | Path, view: str) -> Path:
+def plot_curves(runs: list[RunRecords], threshold: float, out: str | Path, view: str) -> Path:
     x_key, x_label = VIEWS[view]
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     arms = list(dict.fromkeys(r.arm for r in runs))

@@ -1,57 +1,34 @@
 """The experiment's answer, in the form the pre-registration promised.
 
-Inputs per (arm, seed) run directory: pins.json, checkpoints.jsonl, run.json (the final counters
-and the stop reason) and eval/<checkpoint>.json (held-out results). Output: outcome.json, and
-outcome.md with, in this order, the coincidence verdict (a gap between the arms' learning curves
-is a correctness finding and is shown above any speed result), one row per arm and seed, the
-across-seed summary, and cost per valid rollout.
+Inputs, per (arm, seed) run, each file named by one `--run`: pins.json, checkpoints.jsonl, run.json
+(the final counters and the stop reason) and eval/<checkpoint>.json (held-out results). Outputs:
+outcome.json; outcome.md with, in this order, the coincidence verdict (a gap between the arms'
+learning curves is a correctness finding and is shown above any speed result), one row per arm and
+seed, the across-seed summary, and cost per valid rollout; the learning-curve figures; the outcome
+receipt.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import statistics
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 
+from analysis.figures import plot_curves
+from analysis.runs import RunRecords
 from analysis.statistics import coincidence
 from analysis.time_to_target import time_to_target
-from envab.hashing import sha256_file
-from envab.io import read_jsonl
+from envab.io import atomic_write_json, atomic_write_text
+from envab.preregistration import Preregistration, check_frozen
+from envab.receipts import subject, write_receipt
 
 
 class NotComparable(ValueError):
     """Runs whose pins differ in something other than the arm and the seed."""
 
 
-@dataclass
-class Run:
-    arm: str
-    seed: int
-    pins: dict
-    checkpoints: list[dict]
-    evaluations: dict[str, dict]
-    final: dict
-    inputs: dict[str, str]  # path -> sha256 of every record read
-
-    @classmethod
-    def load(cls, run_dir: str | Path) -> Run:
-        run_dir = Path(run_dir)
-        files = [run_dir / "pins.json", run_dir / "checkpoints.jsonl", run_dir / "run.json"]
-        evals = sorted((run_dir / "eval").glob("*.json"))
-        pins = json.loads(files[0].read_text())
-        return cls(
-            arm=pins["arm"],
-            seed=pins["seed"],
-            pins=pins,
-            checkpoints=list(read_jsonl(files[1])) if files[1].exists() else [],
-            evaluations={e.stem: json.loads(e.read_text()) for e in evals},
-            final=json.loads(files[2].read_text()),
-            inputs={p.as_posix(): sha256_file(p) for p in [*files, *evals] if p.exists()},
-        )
-
-
-def check_comparable(runs: list[Run]) -> str:
+def check_comparable(runs: list[RunRecords]) -> str:
     digests = {r.pins["comparable_sha256"] for r in runs}
     if len(digests) != 1:
         named = ", ".join(f"{r.arm}/seed{r.seed}={r.pins['comparable_sha256'][:12]}" for r in runs)
@@ -59,7 +36,7 @@ def check_comparable(runs: list[Run]) -> str:
     return digests.pop()
 
 
-def curve(run_list: list[Run]) -> dict[int, dict[str, list[int]]]:
+def curve(run_list: list[RunRecords]) -> dict[int, dict[str, list[int]]]:
     """Pooled per-task episode outcomes at each checkpoint's due count, over an arm's seeds."""
     pooled: dict[int, dict[str, list[int]]] = {}
     for run in run_list:
@@ -73,7 +50,7 @@ def curve(run_list: list[Run]) -> dict[int, dict[str, list[int]]]:
     return pooled
 
 
-def _row(run: Run, threshold: float) -> dict:
+def _row(run: RunRecords, threshold: float) -> dict:
     result = time_to_target(run.checkpoints, run.evaluations, threshold, final=run.final)
     valid = run.final.get("valid_trajectories") or 0
     env_cost = run.final.get("env_cost_usd") or 0.0
@@ -108,36 +85,35 @@ def _arm_summary(rows: list[dict]) -> dict:
     return summary
 
 
-def compute_outcome(runs: list[Run], target: dict) -> dict:
+def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
     if not runs:
         raise ValueError("no runs to analyse")
     comparable = check_comparable(runs)
-    threshold = float(target["target"]["threshold"])
     rows = [
-        _row(r, threshold)
-        for r in sorted(runs, key=lambda r: (target["arms"].index(r.arm), r.seed))
+        _row(r, prereg.threshold)
+        for r in sorted(runs, key=lambda r: (prereg.arms.index(r.arm), r.seed))
     ]
-    arms = [a for a in target["arms"] if any(r.arm == a for r in runs)]
+    arms = [a for a in prereg.arms if any(r.arm == a for r in runs)]
     by_arm = {a: [r for r in runs if r.arm == a] for a in arms}
     checks = []
     baseline = arms[0]
     for candidate in arms[1:]:
-        settings = target["coincidence"]
+        settings = prereg.coincidence
         try:
             result = coincidence(
                 curve(by_arm[candidate]),
                 curve(by_arm[baseline]),
-                margin=settings["margin"],
-                samples=settings.get("bootstrap_samples", 2000),
-                confidence=settings.get("confidence", 0.95),
+                margin=settings.margin,
+                samples=settings.bootstrap_samples,
+                confidence=settings.confidence,
             ).to_dict()
         except ValueError as e:
             result = {"verdict": "not computed", "reason": str(e)}
         checks.append({"candidate": candidate, "baseline": baseline, **result})
     return {
-        "experiment_id": target["experiment_id"],
-        "question": " ".join(target["question"].split()),
-        "target": target["target"],
+        "experiment_id": prereg.experiment_id,
+        "question": prereg.question,
+        "target": {"metric": prereg.target.metric, "threshold": prereg.target.threshold},
         "comparable_sha256": comparable,
         "coincidence": checks,
         "runs": rows,
@@ -232,41 +208,58 @@ def render_markdown(outcome: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    from analysis.figures import plot_curves
-    from envab import preregistration
-    from envab.config import ConfigError
-    from envab.io import atomic_write_json, atomic_write_text
-    from envab.receipts import subject, write_receipt
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m analysis.outcome", description=__doc__)
     parser.add_argument("--target", required=True, help="preregistration/target.yaml")
-    parser.add_argument("--runs", nargs="+", required=True, help="results/<exp>/<arm>/seed<k>")
-    parser.add_argument("--out", required=True, help="results/<exp>")
-    parser.add_argument("--receipts", required=True, help="receipts/<exp>")
+    parser.add_argument(
+        "--frozen", required=True, help="its freeze receipt: receipts/<exp>/preregistration.json"
+    )
+    parser.add_argument(
+        "--run",
+        dest="runs",
+        action="append",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="one run, once per run: its pins.json, checkpoints.jsonl and run.json, then its "
+        "eval/<checkpoint>.json files",
+    )
+    parser.add_argument("--outcome-json", type=Path, required=True)
+    parser.add_argument("--outcome-md", type=Path, required=True)
+    parser.add_argument("--curves-valid", type=Path, required=True, help="a PNG to write")
+    parser.add_argument("--curves-wallclock", type=Path, required=True, help="a PNG to write")
+    parser.add_argument("--receipt", type=Path, required=True, help="receipts/<exp>/outcome.json")
     parser.add_argument("--depends-on", nargs="*", default=[], help="receipts this one builds on")
     args = parser.parse_args(argv)
+    for files in args.runs:
+        if len(files) < 3:
+            parser.error(f"--run {' '.join(files)}: give pins.json, checkpoints.jsonl, run.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        target = preregistration.check_frozen(args.target)
-        runs = [Run.load(r) for r in args.runs]
-        outcome = compute_outcome(runs, target.raw)
-    except (ConfigError, NotComparable, FileNotFoundError, ValueError) as e:
+        prereg = check_frozen(args.target, args.frozen)
+        runs = [
+            RunRecords.load(pins, checkpoints, run, evaluations)
+            for pins, checkpoints, run, *evaluations in args.runs
+        ]
+        outcome = compute_outcome(runs, prereg)
+    # ConfigError (an unfrozen or edited target) and NotComparable are ValueErrors.
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     figures = [
-        plot_curves(runs, target.threshold, out / "figures" / f"curves_{view}.png", view)
-        for view in ("valid", "wallclock")
+        plot_curves(runs, prereg.threshold, args.curves_valid, "valid"),
+        plot_curves(runs, prereg.threshold, args.curves_wallclock, "wallclock"),
     ]
-    atomic_write_json(out / "outcome.json", outcome)
-    atomic_write_text(out / "outcome.md", render_markdown(outcome))
+    atomic_write_json(args.outcome_json, outcome)
+    atomic_write_text(args.outcome_md, render_markdown(outcome))
     write_receipt(
-        Path(args.receipts) / "outcome.json",
+        args.receipt,
         "outcome",
-        subjects=[subject(out / "outcome.json"), subject(out / "outcome.md")]
+        subjects=[subject(args.outcome_json), subject(args.outcome_md)]
         + [subject(f) for f in figures]
         + [subject(p, d) for p, d in sorted(outcome["inputs"].items())],
         predicate={
@@ -276,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         depends_on=args.depends_on,
     )
-    print((out / "outcome.md").read_text())
+    print(args.outcome_md.read_text())
     return 0
 
 

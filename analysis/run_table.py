@@ -2,7 +2,8 @@
 of the valid trajectories since the previous checkpoint (sampled, as GRPO saw them) and the
 held-out result.
 
-python -m analysis.run_table results/<exp>/<arm>/seed<k> --out curve.csv
+python -m analysis.run_table --pins pins.json --checkpoints checkpoints.jsonl --run run.json
+    --evals eval/<checkpoint>.json ... --out curve.csv
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 
 import pandas as pd
 
-from analysis.outcome import Run
+from analysis.runs import RunRecords
 
 COLUMNS = [
     "checkpoint",
@@ -29,7 +30,7 @@ COLUMNS = [
 ]
 
 
-def run_table(run: Run) -> pd.DataFrame:
+def run_table(run: RunRecords) -> pd.DataFrame:
     rows = []
     for checkpoint in sorted(run.checkpoints, key=lambda c: c["valid_trajectories"]):
         evaluation = run.evaluations.get(checkpoint["checkpoint"], {})
@@ -46,11 +47,19 @@ def run_table(run: Run) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.run_table", description=__doc__)
-    parser.add_argument("run_dir")
-    parser.add_argument("--out", required=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.run_table",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--pins", required=True, help="the run's pins.json")
+    parser.add_argument("--checkpoints", required=True, help="the run's checkpoints.jsonl")
+    parser.add_argument("--run", required=True, help="the run's run.json")
+    parser.add_argument("--evals", nargs="*", default=[], help="its eval/<checkpoint>.json files")
+    parser.add_argument("--out", required=True, help="curve.csv")
     args = parser.parse_args(argv)
-    run_table(Run.load(args.run_dir)).to_csv(args.out, index=False)
+    run = RunRecords.load(args.pins, args.checkpoints, args.run, args.evals)
+    run_table(run).to_csv(args.out, index=False)
     return 0
 
 

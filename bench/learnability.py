@@ -125,7 +125,7 @@ torch.set_num_threads(args.threads)
 
 from trainer import agent  # noqa: E402
 
-agent.use_tool_set(args.toolset)
+TOOLS = agent.tool_set(args.toolset)
 
 from envab.split import split_tasks  # noqa: E402
 from envs.tasks.local import LocalBackend  # noqa: E402
@@ -172,7 +172,7 @@ class BlankFirst:
 
 def ev(model_dir, tasks_, backend=None, tag=""):
     t0 = time.time()
-    pol = Policy(model_dir, args.eval_temp, 96)
+    pol = Policy(model_dir, TOOLS, args.eval_temp, 96)
     r = evaluate(pol, backend or LocalBackend(), tasks_, proto)
     turns = [e["turns"] for e in r["episode_records"]]
     by_label = {}  # the row of a click is the label's: success per label shows what was learned
@@ -189,7 +189,7 @@ def prompt_len(model_dir):
     from transformers import AutoProcessor
     proc = AutoProcessor.from_pretrained(model_dir)
     shot = agent.first_screenshot(train[0])
-    ids = proc.apply_chat_template(agent.task_prompt(train[0], shot), tools=agent.TOOLS,
+    ids = proc.apply_chat_template(agent.task_prompt(train[0], shot), tools=list(TOOLS.tools),
                                    add_generation_prompt=True, tokenize=True, return_dict=True)
     return len(ids["input_ids"][0]) if hasattr(ids["input_ids"][0], "__len__") else len(
         ids["input_ids"])
@@ -210,10 +210,10 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 from trainer.model import load  # noqa: E402
 from trainer.sft import demonstration, demonstration_collator  # noqa: E402
 
-demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"]) for t in train}
+demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS) for t in train}
 set_seed(0)
 model, processor = load(pinned)
-collator = demonstration_collator(processor, demos)
+collator = demonstration_collator(processor, demos, TOOLS)
 if args.sft_prompt == "plain":  # trainer/sft.py renders the tools (WithTools); undo that
     collator.processor = processor
 cfg = SFTConfig(output_dir=str(out / "sft_scratch"), seed=0, max_steps=args.sft_steps,
@@ -248,7 +248,7 @@ if args.grpo_steps:
     from transformers import set_seed
     from trl import GRPOTrainer
 
-    import trainer.environment as envmod
+    from envs.arms import open_arm
     from trainer.accounting import Ledger, Prices
     from trainer.environment import GenerationClock, Run, environment_factory
     from trainer.forkgroups import ForkGroups
@@ -276,14 +276,14 @@ if args.grpo_steps:
     if args.arm == "local":
         cm = contextlib.nullcontext(LocalBackend())
     elif args.arm == "qemu":
-        cm = envmod.open_arm({"backend": "qemu", "vms": 8, "max_vms": args.gens * args.prompts,
+        cm = open_arm({"backend": "qemu", "vms": 8, "max_vms": args.gens * args.prompts,
                               "memory_mib": 256, "accel": "auto"})
     else:
-        cm = envmod.open_arm({"backend": "drums", "url": "embedded", "mode": args.arm})
+        cm = open_arm({"backend": "drums", "url": "embedded", "mode": args.arm})
     with cm as backend:
         groups = ForkGroups(backend, args.gens)
         run = Run(tmap, first, HeldoutGuard({t["id"] for t in held}), ledger, groups,
-                  args.max_turns, GenerationClock())
+                  tools=TOOLS, max_turns=args.max_turns, clock=GenerationClock())
         from transformers import TrainerCallback
 
         class Step(TrainerCallback):

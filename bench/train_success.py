@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", nargs="+", default=["valid-000000", "LAST"])
     args = p.parse_args(argv)
 
-    target = check_frozen("preregistration/target.yaml")
-    exp = target.experiment_id
+    prereg = check_frozen("preregistration/target.yaml")
+    exp = prereg.experiment_id
     root = Path("results") / exp
     train = list(read_jsonl(root / "tasks/train.jsonl"))
     digests = {}
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         run = root / arm / f"seed{args.seed}"
         pins = json.loads((run / "pins.json").read_text())
         max_new_tokens = pins["training"]["grpo"]["max_completion_length"]
-        protocol = Protocol.from_target(target.raw, max_new_tokens)
-        agent.use_tool_set(pins["training"]["tools"])
+        protocol = Protocol.frozen(prereg.evaluation, max_new_tokens)
+        tools = agent.tool_set(pins["training"]["tools"])
         records = list(read_jsonl(run / "checkpoints.jsonl"))
         digests[arm] = {r["checkpoint"]: r.get("files") for r in records}
         names = [records[-1]["checkpoint"] if c == "LAST" else c for c in args.checkpoint]
@@ -55,20 +55,28 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{exp} {arm} seed{args.seed} {name}: {played[files]}", flush=True)
                 continue
             t0 = time.perf_counter()
-            policy = Policy(run / "checkpoints" / name, protocol.temperature,
-                            protocol.max_new_tokens)
+            policy = Policy(
+                run / "checkpoints" / name, tools, protocol.temperature, protocol.max_new_tokens
+            )
             result = evaluate(policy, LocalBackend(), train, protocol)
-            played[files] = (f"training-task success {result['success_rate']:.3f} "
-                             f"({result['successes']}/{result['episodes']}, {result['invalid']} "
-                             f"invalid)")
-            print(f"{exp} {arm} seed{args.seed} {name}: {played[files]} in "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            played[files] = (
+                f"training-task success {result['success_rate']:.3f} "
+                f"({result['successes']}/{result['episodes']}, {result['invalid']} "
+                f"invalid)"
+            )
+            print(
+                f"{exp} {arm} seed{args.seed} {name}: {played[files]} in "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
     if len(digests) == 2:
         a, b = digests
         shared = sorted(set(digests[a]) & set(digests[b]))
         same = [c for c in shared if digests[a][c] and digests[a][c] == digests[b][c]]
-        print(f"checkpoints with identical files on {a} and {b}: {len(same)} of {len(shared)} "
-              f"shared ({', '.join(same) or 'none'})")
+        print(
+            f"checkpoints with identical files on {a} and {b}: {len(same)} of {len(shared)} "
+            f"shared ({', '.join(same) or 'none'})"
+        )
     return 0
 
 

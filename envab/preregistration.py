@@ -1,76 +1,191 @@
-"""Freezing the pre-registration, and the check every later job makes against it.
+"""The pre-registration: a typed, frozen object built once from the validated target.yaml; freezing
+it, and the check every later job makes against it.
 
-Freezing records target.yaml's sha256 in receipts/<experiment>/preregistration.json. Once that
-receipt exists the file is never re-frozen: an edited target.yaml is refused, and the only way to
-register a changed experiment is a new experiment_id (a new receipts folder).
+`Preregistration.load` checks target.yaml against schemas/target.schema.yaml, fills the schema's
+defaults (the one place they are written) and cross-checks what a schema cannot say; every stage
+reads the typed object, never the raw file. Freezing records target.yaml's sha256 in
+receipts/<experiment>/preregistration.json. Once that receipt exists the file is never re-frozen:
+an edited target.yaml is refused, and the only way to register a changed experiment is a new
+experiment_id (a new receipts folder).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envab.config import ConfigError, Target
 from envab.hashing import sha256_file
 from envab.receipts import read_receipt, receipt_dir, repo_commit, subject, utc_now, write_receipt
+from envab.schema import TARGET_SCHEMA, ConfigError, check_schema, load_yaml
 
 RECEIPT = "preregistration.json"
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What counts as reaching the target: a held-out metric at or above a threshold."""
+
+    metric: str
+    threshold: float
+
+
+@dataclass(frozen=True)
+class EvaluationProtocol:
+    """How every checkpoint of every arm is evaluated on the held-out tasks."""
+
+    episodes_per_task: int
+    seeds: tuple[int, ...]
+    max_steps: int
+    backend: str  # the arm whose environment runs every evaluation
+    checkpoint_interval: int  # valid trajectories between checkpoints
+    max_invalid_retries: int
+    temperature: float  # 0: greedy
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_wall_clock_s: float
+    max_valid_trajectories: int
+
+
+@dataclass(frozen=True)
+class Prices:
+    host_usd_per_hour: dict[str, float]  # per arm
+    inference_usd_per_hour: float
+
+    def host(self, arm: str) -> float:
+        return self.host_usd_per_hour[arm]
+
+
+@dataclass(frozen=True)
+class Coincidence:
+    margin: float
+    bootstrap_samples: int
+    confidence: float
+
+
+@dataclass(frozen=True)
+class Preregistration:
+    """preregistration/target.yaml, validated against its schema with the schema's defaults
+    filled: what every stage reads, never the raw file."""
+
+    experiment_id: str
+    question: str
+    target: Goal
+    evaluation: EvaluationProtocol
+    budget: Budget
+    prices: Prices
+    arms: tuple[str, ...]  # the first is the baseline of the coincidence check
+    seeds: tuple[int, ...]
+    coincidence: Coincidence
+
+    @property
+    def threshold(self) -> float:
+        return self.target.threshold
+
+    @classmethod
+    def load(cls, path: str | Path) -> Preregistration:
+        data = load_yaml(path)
+        check_schema(data, TARGET_SCHEMA, str(path), fill_defaults=True)
+        e, p = data["evaluation"], data["prices"]
+        prereg = cls(
+            experiment_id=data["experiment_id"],
+            question=" ".join(data["question"].split()),
+            target=Goal(data["target"]["metric"], float(data["target"]["threshold"])),
+            evaluation=EvaluationProtocol(
+                episodes_per_task=e["episodes_per_task"],
+                seeds=tuple(e["seeds"]),
+                max_steps=e["max_steps"],
+                backend=e["backend"],
+                checkpoint_interval=e["checkpoint_interval"],
+                max_invalid_retries=e["max_invalid_retries"],
+                temperature=float(e["temperature"]),
+            ),
+            budget=Budget(**data["budget"]),
+            prices=Prices(
+                {arm: float(v) for arm, v in p["host_usd_per_hour"].items()},
+                float(p["inference_usd_per_hour"]),
+            ),
+            arms=tuple(data["arms"]),
+            seeds=tuple(data["seeds"]),
+            coincidence=Coincidence(**data["coincidence"]),
+        )
+        prereg._cross_check(path)
+        return prereg
+
+    def _cross_check(self, path) -> None:
+        """What the schema cannot say: the evaluation backend is an arm, every arm has a price."""
+        if self.evaluation.backend not in self.arms:
+            raise ConfigError(
+                f"{path}: evaluation.backend: {self.evaluation.backend!r} is not one of the arms "
+                f"{list(self.arms)}"
+            )
+        missing = [a for a in self.arms if a not in self.prices.host_usd_per_hour]
+        if missing:
+            raise ConfigError(f"{path}: prices.host_usd_per_hour: no price for arm(s) {missing}")
+
+    def as_dict(self) -> dict:
+        """A plain copy (for the report's workflow description)."""
+        return asdict(self)
 
 
 class FrozenTargetEdited(ConfigError):
     """target.yaml no longer matches the digest it was frozen with."""
 
 
-def receipt_path(target: Target, root: str | Path = ".") -> Path:
-    return receipt_dir(target.experiment_id, root) / RECEIPT
+def receipt_path(prereg: Preregistration, root: str | Path = ".") -> Path:
+    return receipt_dir(prereg.experiment_id, root) / RECEIPT
 
 
-def _edited_message(path: Path, target: Target, frozen: str, now: str) -> str:
+def _edited_message(path: Path, prereg: Preregistration, frozen: str, now: str) -> str:
     return (
-        f"{path} was edited after experiment '{target.experiment_id}' was frozen "
+        f"{path} was edited after experiment '{prereg.experiment_id}' was frozen "
         f"(frozen sha256 {frozen[:12]}…, now {now[:12]}…). A frozen pre-registration is never "
         f"re-frozen or silently retrained: restore the frozen file, or register a new experiment "
         f"by giving it a new experiment_id."
     )
 
 
-def check_frozen(target_path: str | Path, root: str | Path = ".") -> Target:
-    """The frozen Target, or ConfigError if it is not frozen yet or has been edited since."""
+def check_frozen(target_path: str | Path, receipt: str | Path | None = None) -> Preregistration:
+    """The frozen pre-registration, or ConfigError if it is not frozen yet or edited since.
+    `receipt` is its freeze receipt (default: receipts/<experiment_id>/preregistration.json)."""
     target_path = Path(target_path)
-    target = Target.load(target_path)
-    receipt = receipt_path(target, root)
+    prereg = Preregistration.load(target_path)
+    receipt = Path(receipt) if receipt else receipt_path(prereg)
     if not receipt.is_file():
         raise ConfigError(
-            f"experiment '{target.experiment_id}' is not frozen yet ({receipt} missing): "
+            f"experiment '{prereg.experiment_id}' is not frozen yet ({receipt} missing): "
             f"run `snakemake --cores 1 freeze` first"
         )
     frozen = read_receipt(receipt)["subject"][0]["digest"]["sha256"]
     now = sha256_file(target_path)
     if now != frozen:
-        raise FrozenTargetEdited(_edited_message(target_path, target, frozen, now))
-    return target
+        raise FrozenTargetEdited(_edited_message(target_path, prereg, frozen, now))
+    return prereg
 
 
-def frozen_utc(target: Target, root: str | Path = ".") -> str:
-    return read_receipt(receipt_path(target, root))["predicate"]["frozen_utc"]
+def frozen_utc(receipt: str | Path) -> str:
+    """When the pre-registration was frozen, from its receipt."""
+    return read_receipt(receipt)["predicate"]["frozen_utc"]
 
 
-def freeze(target_path: str | Path, root: str | Path = ".") -> Path:
+def freeze(target_path: str | Path, receipt: str | Path | None = None) -> Path:
     """Freeze target.yaml once; a repeat with the same bytes is a no-op, an edit is refused."""
     target_path = Path(target_path)
-    target = Target.load(target_path)
-    receipt = receipt_path(target, root)
+    prereg = Preregistration.load(target_path)
+    receipt = Path(receipt) if receipt else receipt_path(prereg)
     if receipt.is_file():
-        check_frozen(target_path, root)
+        check_frozen(target_path, receipt)
         return receipt
     write_receipt(
         receipt,
         "preregistration",
         subjects=[subject(target_path)],
         predicate={
-            "experiment_id": target.experiment_id,
+            "experiment_id": prereg.experiment_id,
             "frozen_utc": utc_now(),
             "source": repo_commit(Path(target_path).parent),
-            "target": target.raw["target"],
+            "target": asdict(prereg.target),
         },
     )
     return receipt

@@ -90,3 +90,23 @@ def read_receipt(path: str | Path) -> dict:
 
 def receipt_dir(experiment_id: str, root: str | Path = ".") -> Path:
     return Path(root) / "receipts" / experiment_id
+
+
+# What is frozen before the first training step; every later job reads these.
+FREEZE_RECEIPTS = ("preregistration.json", "split.json", "code.json", "model.json")
+
+
+class Receipts:
+    """The receipt files a job was given (its declared inputs), found by file name."""
+
+    def __init__(self, paths: list[str | Path]):
+        self.paths = [Path(p) for p in paths]
+        self._by_name = {p.name: p for p in self.paths}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self._by_name:
+            raise KeyError(f"receipt {name} was not given (given: {sorted(self._by_name)})")
+        return self._by_name[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name

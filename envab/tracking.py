@@ -3,7 +3,8 @@
 Every run carries the pre-registration's sha256 in its config, is grouped by experiment id, and is
 named by arm and seed (plus the checkpoint for an evaluation). Held-out success is plotted against
 valid trajectories consumed (`define_metric`), so both arms' curves share an x-axis in wandb.
-Runs are written offline under results/<exp>/wandb (upload later with `wandb sync`); set
+Runs are written offline into the folder the job is given, results/<exp>/wandb in the workflow
+(upload later with `wandb sync`); set
 WANDB_MODE=online to stream, WANDB_MODE=disabled to turn it off (the tests do). Nothing secret is
 ever put in a run's config: arm configs are passed through `public_arm_config`.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import wandb
 
 SECRET_KEYS = ("token", "token_file", "password", "api_key")
 
@@ -27,15 +30,13 @@ def start_run(
     seed: int,
     prereg_sha256: str,
     config: dict,
-    results: str | Path,
+    directory: str | Path,
     checkpoint: str | None = None,
 ):
     """A wandb run for one training (`kind="train"`) or evaluation (`kind="eval"`) job."""
-    import wandb
-
     mode = os.environ.get("WANDB_MODE", "offline")
     name = f"{arm}-seed{seed}" + (f"-{checkpoint}" if checkpoint else "")
-    directory = Path(results) / "wandb"
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     run = wandb.init(
         project=os.environ.get("WANDB_PROJECT", "env-ab"),

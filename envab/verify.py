@@ -47,14 +47,24 @@ def _check_digest(entry: dict, root: Path, receipt: str, role: str) -> Check:
 
 
 def verify_dir(receipts: str | Path, root: str | Path = ".") -> list[Check]:
-    """Every check for every receipt in `receipts` (paths inside are relative to `root`)."""
-    receipts, root = Path(receipts), Path(root)
+    """Every check for every receipt in the folder `receipts` (paths inside are relative to
+    `root`)."""
+    receipts = Path(receipts)
     files = sorted(receipts.glob("*.json"))
     if not files:
         return [Check("MISSING", receipts.as_posix(), receipts.as_posix(), "receipt")]
+    return verify_receipts(files, root)
+
+
+def verify_receipts(files: list[Path], root: str | Path = ".") -> list[Check]:
+    """Every check for each receipt file in `files`."""
+    root = Path(root)
     checks = []
     for file in files:
-        name = file.as_posix()
+        name = Path(file).as_posix()
+        if not Path(file).is_file():
+            checks.append(Check("MISSING", name, name, "receipt"))
+            continue
         try:
             statement = read_receipt(file)
             subjects = statement["subject"]

@@ -89,6 +89,11 @@ class ForkUnsupported(NotImplementedError):
     """This backend cannot fork a running environment; create n sessions instead."""
 
 
+class ActionRejected(ValueError):
+    """The desktop refused the action (off screen, after DONE); nothing changed. The host answers
+    HTTP 422 and the Drums client raises it again with the host's message."""
+
+
 def check_action(action: Any) -> dict:
     """Return `action` as {"action_type", "parameters"} or raise ValueError naming what is wrong."""
     if not isinstance(action, Mapping):

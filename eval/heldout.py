@@ -1,14 +1,17 @@
 """Held-out evaluation of one checkpoint: a separate, measured workload.
 
-    python -m eval.heldout --target preregistration/target.yaml --receipts receipts/<exp> \
+    python -m eval.heldout --target preregistration/target.yaml --receipts receipts/<exp>/*.json \
+        --pins results/<exp>/<arm>/seed<k>/pins.json \
+        --checkpoint-records results/<exp>/<arm>/seed<k>/checkpoints.jsonl \
         --checkpoint results/<exp>/<arm>/seed<k>/checkpoints/<name> \
-        --heldout results/<exp>/tasks/heldout.jsonl --backend '{"url": "embedded", "mode": ...}' \
+        --heldout results/<exp>/tasks/heldout.jsonl --backend '{"backend": "drums", ...}' \
         --out results/<exp>/<arm>/seed<k>/eval/<name>.json
 
 Per the frozen protocol: every held-out task, `episodes_per_task` episodes for each evaluation
 seed, at most `max_steps` actions each, on the pre-registered evaluation backend (the same arm's
-environment for every arm under test). The prompt, tools and action mapping are the trainer's
-(trainer/agent.py), so the policy is asked exactly what it was trained on. Decoding is greedy
+environment for every arm under test; any arm, opened by `envs.arms.open_arm`). The prompt, the
+tools and the action mapping are the trainer's (trainer/agent.py), so the policy is asked exactly
+what it was trained on. Decoding is greedy
 unless the protocol sets a temperature; then each turn's sampler is seeded by (task, evaluation
 seed, episode, turn), so episodes draw independently and a rerun draws the same. A turn may be as
 long as a training turn (the run's pinned `max_completion_length`).
@@ -25,15 +28,30 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envab.hashing import sha256_bytes
+import torch
+from trl.chat_template_utils import add_response_schema, parse_response
+
+from envab import preregistration
+from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_json, read_jsonl
+from envab.preregistration import EvaluationProtocol, Preregistration
+from envab.receipts import Receipts
+from envab.schema import ConfigError
+from envab.tracking import start_run
+from envs.arms import ArmError, open_arm
+from trainer import agent
+from trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
+from trainer.model import ModelPinError, load
 
 
 @dataclass(frozen=True)
 class Protocol:
+    """What an evaluation plays: the frozen protocol's episode settings, and how long a turn may
+    be (the run's pinned `max_completion_length`: as long at evaluation as in training)."""
+
     episodes_per_task: int
     seeds: tuple[int, ...]
     max_steps: int
@@ -42,14 +60,13 @@ class Protocol:
     max_new_tokens: int
 
     @classmethod
-    def from_target(cls, raw: dict, max_new_tokens: int) -> Protocol:
-        e = raw["evaluation"]
+    def frozen(cls, evaluation: EvaluationProtocol, max_new_tokens: int) -> Protocol:
         return cls(
-            episodes_per_task=e["episodes_per_task"],
-            seeds=tuple(e["seeds"]),
-            max_steps=e["max_steps"],
-            max_invalid_retries=e.get("max_invalid_retries", 3),
-            temperature=float(e.get("temperature", 0.0)),
+            episodes_per_task=evaluation.episodes_per_task,
+            seeds=evaluation.seeds,
+            max_steps=evaluation.max_steps,
+            max_invalid_retries=evaluation.max_invalid_retries,
+            temperature=evaluation.temperature,
             max_new_tokens=max_new_tokens,
         )
 
@@ -57,32 +74,24 @@ class Protocol:
 class Policy:
     """The checkpoint, asked for one tool call at a time in the trainer's prompt format."""
 
-    def __init__(self, checkpoint: str | Path, temperature: float, max_new_tokens: int):
-        import torch
-        from trl.chat_template_utils import add_response_schema
-
-        from trainer.model import load
-
-        self.torch = torch
+    def __init__(
+        self, checkpoint: str | Path, tools: agent.ToolSet, temperature: float, max_new_tokens: int
+    ):
         self.model, self.processor = load(checkpoint)
         self.model.eval()
         self.tokenizer = add_response_schema(self.processor.tokenizer)
-        from trainer.agent import turn_generation_kwargs
-
-        self.turn = turn_generation_kwargs(self.tokenizer)  # one tool call per turn, as trained
+        self.tools = tools
+        self.turn = agent.turn_generation_kwargs(self.tokenizer)  # one tool call per turn
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.generation_s = 0.0
 
     def act(self, messages: list[dict], seed: int) -> dict:
         """The assistant message (parsed, tool calls included) for the conversation so far."""
-        from trl.chat_template_utils import parse_response
-
-        from trainer.agent import TOOLS
-
+        tools = list(self.tools.tools)
         inputs = self.processor.apply_chat_template(
             messages,
-            tools=TOOLS,
+            tools=tools,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=True,
@@ -90,9 +99,9 @@ class Policy:
         )
         sampling = self.temperature > 0
         if sampling:
-            self.torch.manual_seed(seed)
+            torch.manual_seed(seed)
         started = time.perf_counter()
-        with self.torch.no_grad():
+        with torch.no_grad():
             output = self.model.generate(
                 **inputs,
                 max_new_tokens=self.max_new_tokens,
@@ -107,7 +116,7 @@ class Policy:
         self.generation_s += time.perf_counter() - started
         prompt = inputs["input_ids"][0].tolist()
         completion = output[0][len(prompt) :].tolist()
-        return parse_response(self.tokenizer, completion, prefix=prompt, tools=TOOLS)
+        return parse_response(self.tokenizer, completion, prefix=prompt, tools=tools)
 
 
 def sampler_seed(task_id: str, seed: int, turn: int) -> int:
@@ -118,14 +127,12 @@ def sampler_seed(task_id: str, seed: int, turn: int) -> int:
 
 def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> dict:
     """One episode: its verdict and, if valid, its score."""
-    from trainer.agent import action_for, task_prompt, tool_message
-
     session = backend.create(task)
     try:
         observation = session.observation
         turns = 0
         if observation.valid:
-            messages = task_prompt(task, observation.screenshot)
+            messages = agent.task_prompt(task, observation.screenshot)
             while turns < protocol.max_steps and observation.valid and not observation.done:
                 reply = policy.act(messages, sampler_seed(task["id"], seed, turns))
                 calls = reply.get("tool_calls") or []
@@ -143,12 +150,12 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                     # policy's mistake: nothing happens and it is told so, as in training, never
                     # an invalid episode and never a crash.
                     try:
-                        action = action_for(call["name"], call.get("arguments") or {})
+                        action = policy.tools.action_for(call["name"], call.get("arguments") or {})
                         observation = session.step(action)
                     except ValueError as e:  # ActionRejected is a ValueError on every backend
-                        messages.append(tool_message(call["name"], note=f"Refused: {e}"))
+                        messages.append(agent.tool_message(call["name"], note=f"Refused: {e}"))
                         continue
-                    messages.append(tool_message(call["name"], observation.screenshot))
+                    messages.append(agent.tool_message(call["name"], observation.screenshot))
                     if not observation.valid:
                         break
         verification = session.verify()
@@ -201,86 +208,94 @@ def evaluate(policy: Policy, backend, tasks: list[dict], protocol: Protocol, log
     }
 
 
-def track(record: dict, checkpoint: Path, target, target_path: str) -> None:
+def track(
+    record: dict,
+    pins: dict,
+    valid_trajectories: int | None,
+    experiment_id: str,
+    prereg_sha256: str,
+    wandb_dir: str,
+) -> None:
     """One wandb run per evaluation: the held-out point at this checkpoint's valid count."""
-    from envab.hashing import sha256_file
-    from envab.tracking import start_run
-
-    run_dir = checkpoint.parent.parent
-    pins = json.loads((run_dir / "pins.json").read_text())
-    counts = {
-        r["checkpoint"]: r["valid_trajectories"] for r in read_jsonl(run_dir / "checkpoints.jsonl")
-    }
     run = start_run(
         "eval",
-        target.experiment_id,
+        experiment_id,
         pins["arm"],
         pins["seed"],
-        sha256_file(target_path),
+        prereg_sha256,
         {"protocol": record["protocol"], "backend": record["backend"]},
-        results=run_dir.parent.parent,
+        directory=wandb_dir,
         checkpoint=record["checkpoint"],
     )
-    point = {"valid_trajectories": counts.get(record["checkpoint"])}
+    point = {"valid_trajectories": valid_trajectories}
     if record["scored"]:
         point["heldout/success_rate"] = record["success_rate"]
     run.log({**point, "heldout/invalid": record["invalid"], "heldout/wall_s": record["wall_s"]})
     run.finish()
 
 
+def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
+    """The frozen pre-registration, the frozen held-out tasks and the run's pins."""
+    receipts = Receipts(args.receipts)
+    prereg = preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    check_receipts(receipts)
+    check_split_file(args.heldout, receipts, "heldout")
+    tasks = list(read_jsonl(args.heldout))
+    if {t["id"] for t in tasks} != heldout_ids(receipts):
+        raise GuardError(f"{args.heldout} is not the frozen held-out set")
+    return prereg, tasks, json.loads(Path(args.pins).read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m eval.heldout", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--receipts", required=True)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--heldout", required=True)
+    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
+    parser.add_argument("--receipts", nargs="+", required=True, help="the freeze receipts")
+    parser.add_argument("--pins", required=True, help="the run's pins.json")
+    parser.add_argument("--checkpoint-records", required=True, help="the run's checkpoints.jsonl")
+    parser.add_argument("--checkpoint", required=True, help="the checkpoint's model folder")
+    parser.add_argument("--heldout", required=True, help="heldout.jsonl")
     parser.add_argument("--backend", required=True, help="JSON: the evaluation arm's config")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="writes: eval/<checkpoint>.json")
+    parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
     args = parser.parse_args(argv)
-
-    from envab import preregistration
-    from envab.config import ConfigError
-    from envs.drums import connect
-    from trainer import agent
-    from trainer.guards import GuardError, check_receipts, heldout_ids
-
     try:
-        target = preregistration.check_frozen(args.target)
-        check_receipts(args.receipts)
-    except (ConfigError, GuardError) as e:
+        prereg, tasks, pins = check_inputs(args)
+        protocol = Protocol.frozen(
+            prereg.evaluation, pins["training"]["grpo"]["max_completion_length"]
+        )
+        tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
+        started = time.perf_counter()
+        policy = Policy(args.checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
+        with open_arm(json.loads(args.backend)) as backend:
+            result = evaluate(policy, backend, tasks, protocol, log=lambda r: print(json.dumps(r)))
+        wall = time.perf_counter() - started
+    except (ConfigError, GuardError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    tasks = list(read_jsonl(args.heldout))
-    if {t["id"] for t in tasks} != heldout_ids(args.receipts):
-        print(f"error: {args.heldout} is not the frozen held-out set", file=sys.stderr)
-        return 2
-    # A turn may be as long at evaluation as in training: the run's pinned completion length.
-    pins = json.loads((Path(args.checkpoint).parent.parent / "pins.json").read_text())
-    protocol = Protocol.from_target(target.raw, pins["training"]["grpo"]["max_completion_length"])
-    agent.use_tool_set(pins["training"]["tools"])  # the tools the policy was trained with
-    backend_config = json.loads(args.backend)
-    backend_name = target.evaluation_backend
-    prices = target.raw["prices"]
-    started = time.perf_counter()
-    policy = Policy(args.checkpoint, protocol.temperature, protocol.max_new_tokens)
-    with connect(backend_config["url"], mode=backend_config.get("mode")) as backend:
-        result = evaluate(policy, backend, tasks, protocol, log=lambda r: print(json.dumps(r)))
-    wall = time.perf_counter() - started
-    host_price = prices["host_usd_per_hour"][backend_name]
+    backend_name = prereg.evaluation.backend
+    prices = prereg.prices
     record = {
         "checkpoint": Path(args.checkpoint).name,
         "backend": backend_name,
-        "protocol": protocol.__dict__,
+        "protocol": asdict(protocol),
         **result,
         "wall_s": wall,
         "inference_s": policy.generation_s,
-        "cost_usd": wall / 3600 * host_price
-        + policy.generation_s / 3600 * prices["inference_usd_per_hour"],
+        "cost_usd": wall / 3600 * prices.host(backend_name)
+        + policy.generation_s / 3600 * prices.inference_usd_per_hour,
     }
     atomic_write_json(args.out, record)
-    track(record, Path(args.checkpoint), target, args.target)
+    counts = {r["checkpoint"]: r["valid_trajectories"] for r in read_jsonl(args.checkpoint_records)}
+    track(
+        record,
+        pins,
+        counts.get(record["checkpoint"]),
+        prereg.experiment_id,
+        sha256_file(args.target),
+        args.wandb_dir,
+    )
     rate = "not scored" if not record["scored"] else f"{record['success_rate']:.3f}"
     print(
         f"eval {record['checkpoint']}: held-out success {rate} over {record['episodes']} "

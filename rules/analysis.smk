@@ -1,15 +1,14 @@
 # The answer: time-to-target per run, learning curves, the coincidence check, the outcome receipt.
-
-
-def all_eval_records(wildcards):
-    return [record for arm, seed in RUNS for record in eval_records(arm, seed)]
+# Every file a job reads or writes is declared here and handed to it by name.
 
 
 rule outcome:
     input:
         target=config["preregistration"],
-        runs=[f"{run_dir(arm, seed)}/run.json" for arm, seed in RUNS],
-        evals=all_eval_records,
+        frozen=PREREG_RECEIPT,
+        # What the outcome receipt builds on: the freeze, and the warm start if there is one.
+        depends_on=training_receipts(),
+        runs=all_run_records,
     output:
         json=f"{RESULTS}/outcome.json",
         md=report(
@@ -27,40 +26,40 @@ rule outcome:
         ),
         receipt=f"{RECEIPTS}/outcome.json",
     params:
-        runs=" ".join(run_dir(arm, seed) for arm, seed in RUNS),
-        depends=" ".join(
-            f"{RECEIPTS}/{name}"
-            for name in FREEZE_RECEIPTS + (["sft.json"] if SFT_ENABLED else [])
-        ),
+        runs=run_arguments,
+    conda:
+        SOFTWARE
     log:
         f"{LOGS}/outcome.log",
     shell:
-        "{PYTHON} -m analysis.outcome --target {input.target} --runs {params.runs}"
-        " --out {RESULTS} --receipts {RECEIPTS} --depends-on {params.depends} > {log} 2>&1"
+        "python -m analysis.outcome --target {input.target} --frozen {input.frozen}"
+        " {params.runs}"
+        " --outcome-json {output.json} --outcome-md {output.md}"
+        " --curves-valid {output.curves_valid} --curves-wallclock {output.curves_wallclock}"
+        " --receipt {output.receipt} --depends-on {input.depends_on} > {log} 2>&1"
 
 
 rule run_table:
     input:
-        run=f"{RESULTS}/{{arm}}/seed{{seed}}/run.json",
+        pins=run_file("pins.json"),
+        checkpoints=run_file("checkpoints.jsonl"),
+        run=run_file("run.json"),
         evals=lambda w: eval_records(w.arm, int(w.seed)),
     output:
         report(
-            f"{RESULTS}/{{arm}}/seed{{seed}}/curve.csv",
+            run_file("curve.csv"),
             caption="../report/run_curve.rst",
             category="Runs",
             subcategory="{arm}",
             labels={"arm": "{arm}", "seed": "{seed}"},
         ),
+    conda:
+        SOFTWARE
     log:
         f"{LOGS}/run_table_{{arm}}_seed{{seed}}.log",
     shell:
-        "{PYTHON} -m analysis.run_table {RESULTS}/{wildcards.arm}/seed{wildcards.seed}"
-        " --out {output} > {log} 2>&1"
-
-
-def answer_outputs():
-    """What `all` asks for: the outcome and one table per run."""
-    return [f"{RESULTS}/outcome.md"] + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS]
+        "python -m analysis.run_table --pins {input.pins} --checkpoints {input.checkpoints}"
+        " --run {input.run} --evals {input.evals} --out {output} > {log} 2>&1"
 
 
 # `snakemake report` (a target) makes the same file as `snakemake --report report.html`.
@@ -69,7 +68,9 @@ rule report:
         answer_outputs(),
     output:
         "report.html",
+    conda:
+        SOFTWARE
     log:
         f"{LOGS}/report.log",
     shell:
-        "{PYTHON} -m snakemake --report {output} --nolock --cores 1 > {log} 2>&1"
+        "python -m snakemake --report {output} --nolock --cores 1 > {log} 2>&1"

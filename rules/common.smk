@@ -1,14 +1,21 @@
-# Configuration is validated once here; everything below reads the typed results.
+# Configuration is validated once here; everything below reads the typed results. The input
+# functions and helpers of every rule file live here too, so those files hold rules only.
 import json
 import shlex
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from envab import preregistration
-from envab.config import CONFIG_SCHEMA, ConfigError, Target, check_config, check_schema, selected_runs
+from envab.config import check_config, selected_runs
 from envab.hashing import sha256_file
+from envab.io import read_jsonl
+from envab.preregistration import Preregistration
+from envab.receipts import FREEZE_RECEIPTS
+from envab.schema import CONFIG_SCHEMA, ConfigError, check_schema
 
 
 def _refuse_literal_selection():
@@ -27,22 +34,34 @@ try:
     _refuse_literal_selection()
     check_schema(config, CONFIG_SCHEMA, "config")
     validate(config, "../schemas/config.schema.yaml")  # Snakemake's own check; fills defaults
-    TARGET = Target.load(config["preregistration"])
-    check_config(config, TARGET, "config")
-    RUNS = selected_runs(config, TARGET)
-    if preregistration.receipt_path(TARGET).is_file():
+    PREREG = Preregistration.load(config["preregistration"])
+    check_config(config, PREREG, "config")
+    RUNS = selected_runs(config, PREREG)
+    if preregistration.receipt_path(PREREG).is_file():
         preregistration.check_frozen(config["preregistration"])  # an edited target stops here
 except ConfigError as e:
     sys.exit(f"env-ab: {e}")
 
-EXP = TARGET.experiment_id
-# A read-only projection of the frozen target for the report's workflow description.
-config["preregistered"] = {**TARGET.raw, "sha256": sha256_file(config["preregistration"])}
+EXP = PREREG.experiment_id
+# A read-only projection of the pre-registration for the report's workflow description.
+config["preregistered"] = {**PREREG.as_dict(), "sha256": sha256_file(config["preregistration"])}
 RESULTS = f"results/{EXP}"
 RECEIPTS = f"receipts/{EXP}"
 LOGS = f"logs/{EXP}"
-PYTHON = shlex.quote(sys.executable)  # the interpreter running Snakemake runs every stage
-FREEZE_RECEIPTS = ["preregistration.json", "split.json", "code.json", "model.json"]
+PREREG_RECEIPT = f"{RECEIPTS}/preregistration.json"
+FROZEN = [f"{RECEIPTS}/{name}" for name in FREEZE_RECEIPTS]  # what every later job builds on
+SFT_ENABLED = config["training"]["sft"]["enabled"]
+SFT_MODEL = f"{RESULTS}/sft/model"
+QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
+
+# The software of every rule: the project in its own environment (`--sdm conda`), or else the
+# interpreter running Snakemake, whose folder goes first on each job's PATH so that `python` in a
+# rule is that interpreter even when its virtualenv is not activated.
+SOFTWARE = "../environment.yaml"
+if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
+    shell.prefix(
+        f"set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\"; "
+    )
 
 
 def as_arg(obj):
@@ -66,3 +85,67 @@ def run_dir(arm, seed):
 def run_pins():
     """What each selected (arm, seed) run is pinned to."""
     return [f"{run_dir(arm, seed)}/pins.json" for arm, seed in RUNS]
+
+
+def run_file(name):
+    """The path of a per-run file, as a Snakemake pattern over {arm} and {seed}."""
+    return f"{RESULTS}/{{arm}}/seed{{seed}}/{name}"
+
+
+def factory_layout_args(factory):
+    """The task factory's layout options, as build arguments."""
+    args = f"--layout {factory['layout']} --templates {factory['templates']}"
+    if factory.get("families"):
+        args += " --families " + " ".join(factory["families"])
+    return args
+
+
+def training_model():
+    """The model GRPO starts from: the warm start's output, or the pinned model as it is."""
+    return SFT_MODEL if SFT_ENABLED else f"{RESULTS}/model"
+
+
+def training_receipts():
+    """What training builds on: the freeze, and the warm start if there is one."""
+    return FROZEN + ([f"{RECEIPTS}/sft.json"] if SFT_ENABLED else [])
+
+
+def qemu_guest_record(wildcards):
+    """A QEMU arm's guest record (the guest is built before the arm trains); none otherwise."""
+    return [f"{RESULTS}/{wildcards.arm}/guest.json"] if wildcards.arm in QEMU_ARMS else []
+
+
+def checkpoint_names(arm, seed):
+    """The checkpoints a finished training run saved (re-evaluated once `train` has run)."""
+    records = checkpoints.train.get(arm=arm, seed=seed).output.records
+    return [record["checkpoint"] for record in read_jsonl(records)]
+
+
+def eval_records(arm, seed):
+    return [f"{run_dir(arm, seed)}/eval/{name}.json" for name in checkpoint_names(arm, seed)]
+
+
+def run_records(arm, seed):
+    """One run's files in the order `--run` takes them: its pins, its checkpoint records, its
+    final counters, then the held-out evaluation of each checkpoint (known once `train` ran)."""
+    run = run_dir(arm, seed)
+    return [
+        f"{run}/pins.json",
+        f"{run}/checkpoints.jsonl",
+        f"{run}/run.json",
+        *eval_records(arm, seed),
+    ]
+
+
+def all_run_records(wildcards):
+    return [path for arm, seed in RUNS for path in run_records(arm, seed)]
+
+
+def run_arguments(wildcards):
+    """One `--run` group per selected run, naming the same files as `all_run_records`."""
+    return " ".join("--run " + " ".join(run_records(arm, seed)) for arm, seed in RUNS)
+
+
+def answer_outputs():
+    """What `all` asks for: the outcome and one table per run."""
+    return [f"{RESULTS}/outcome.md"] + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS]

@@ -6,14 +6,6 @@
 # what the run's receipts include.
 from envs.qemu.image import source_files as qemu_guest_sources
 
-QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
-
-
-def qemu_arm(wildcards):
-    return {"cache": "build/qemu", "memory_mib": 256, "accel": "auto",
-            **config["arms"][wildcards.arm]}
-
-
 if QEMU_ARMS:
 
     rule qemu_guest:
@@ -24,11 +16,14 @@ if QEMU_ARMS:
         wildcard_constraints:
             arm="|".join(QEMU_ARMS),
         params:
-            cache=lambda w: qemu_arm(w)["cache"],
-            memory=lambda w: qemu_arm(w)["memory_mib"],
-            accel=lambda w: qemu_arm(w)["accel"],
+            # every default filled by validate() in common.smk
+            cache=lambda w: config["arms"][w.arm]["cache"],
+            memory=lambda w: config["arms"][w.arm]["memory_mib"],
+            accel=lambda w: config["arms"][w.arm]["accel"],
+        conda:
+            SOFTWARE
         log:
             f"{LOGS}/{{arm}}/guest.log",
         shell:
-            "{PYTHON} -m envs.qemu.image --cache {params.cache} --memory {params.memory}"
+            "python -m envs.qemu.image --cache {params.cache} --memory {params.memory}"
             " --accel {params.accel} --record {output} > {log} 2>&1"

@@ -18,6 +18,7 @@ os.environ["WANDB_MODE"] = "disabled"  # no wandb files or processes from tests 
 WORKFLOW_PATHS = [
     "Snakefile",
     "config.yaml",
+    "environment.yaml",
     "rules",
     "schemas",
     "preregistration",

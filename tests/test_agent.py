@@ -4,6 +4,7 @@ forward pass) and the embedded host in both modes, with its fault switches."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import pytest
 from transformers.utils import get_json_schema
 from trl.data_utils import prepare_multimodal_messages
 
+from envs.arms import open_arm
 from envs.tasks.build import build
 from envs.tasks.local import LocalBackend
 from trainer import agent
@@ -24,12 +26,12 @@ from trainer.environment import (
     Run,
     environment_class,
     expected_first_screens,
-    open_arm,
 )
 from trainer.forkgroups import ForkGroups
 from trainer.guards import GuardError, HeldoutGuard
 
 REPO = Path(__file__).resolve().parent.parent
+COMPUTER_13 = agent.tool_set("computer_13")
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +45,16 @@ def task_set():
 
 def test_every_tool_maps_to_its_action_and_back(task_set):
     _, solutions = task_set
-    assert agent.action_for("click", {"x": 3, "y": 4}) == {
+    assert COMPUTER_13.action_for("click", {"x": 3, "y": 4}) == {
         "action_type": "CLICK",
         "parameters": {"x": 3, "y": 4},
     }
-    assert agent.action_for("scroll", {"x": 1, "y": 2, "dy": -3})["parameters"]["dx"] == 0
-    assert agent.action_for("done", {}) == {"action_type": "DONE", "parameters": {}}
+    assert COMPUTER_13.action_for("scroll", {"x": 1, "y": 2, "dy": -3})["parameters"]["dx"] == 0
+    assert COMPUTER_13.action_for("done", {}) == {"action_type": "DONE", "parameters": {}}
     oracle = [a for s in solutions.values() for a in s["oracle"]]
     assert {a["action_type"] for a in oracle} >= {"CLICK", "TYPING"}
     for action in oracle:
-        assert agent.action_for(*agent.call_for(action)) == action
+        assert COMPUTER_13.action_for(*agent.call_for(action, COMPUTER_13)) == action
 
 
 @pytest.mark.parametrize(
@@ -67,7 +69,7 @@ def test_every_tool_maps_to_its_action_and_back(task_set):
 )
 def test_a_bad_call_is_one_clear_error(name, arguments, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        agent.action_for(name, arguments)
+        COMPUTER_13.action_for(name, arguments)
 
 
 def test_the_dataset_row_becomes_the_task_prompt_in_trl(task_set):
@@ -81,28 +83,26 @@ def test_the_dataset_row_becomes_the_task_prompt_in_trl(task_set):
     assert row["task_id"] == task["id"]
 
 
-@pytest.mark.parametrize("tool_set", sorted(agent.TOOL_SETS))
-def test_environment_tools_present_exactly_the_agent_tools(tool_set):
-    try:
-        agent.use_tool_set(tool_set)
-        cls = environment_class()
-        discovered = sorted(
-            n for n in dir(cls) if callable(getattr(cls, n)) and not n.startswith("_")
-        )
-        names = [t.__name__ for t in agent.TOOL_SETS[tool_set]]
-        assert discovered == sorted(names + ["get_reward", "reset"])
-        env = cls.__new__(cls)
-        for tool in agent.TOOLS:
-            assert get_json_schema(getattr(env, tool.__name__)) == get_json_schema(tool)
-        with pytest.raises(ValueError, match="unknown tool"):
-            agent.action_for("type_text" if tool_set == "click" else "nope", {"text": "a"})
-    finally:
-        agent.use_tool_set(agent.DEFAULT_TOOL_SET)
+@pytest.mark.parametrize("name", sorted(agent.TOOL_SETS))
+def test_environment_tools_present_exactly_the_agent_tools_in_trls_order(name):
+    tools = agent.tool_set(name)
+    cls = environment_class(tools)
+    discovered = sorted(n for n in dir(cls) if callable(getattr(cls, n)) and not n.startswith("_"))
+    assert discovered == sorted([*tools.names, "get_reward", "reset"])
+    env = cls.__new__(cls)
+    for tool in tools.tools:
+        assert get_json_schema(getattr(env, tool.__name__)) == get_json_schema(tool)
+    # TRL lists an environment's tools by name; the evaluation and the warm start render
+    # `tools.tools`, so both must be in that order.
+    trl_order = [n for n, _ in inspect.getmembers(cls, inspect.isfunction) if n in tools.names]
+    assert list(tools.names) == trl_order
+    with pytest.raises(ValueError, match="unknown tool"):
+        tools.action_for("type_text" if name == "click" else "nope", {"text": "a"})
 
 
 def test_an_unknown_tool_set_is_one_clear_error():
     with pytest.raises(ValueError, match="unknown tool set 'mouse'; tool sets: computer_13, click"):
-        agent.use_tool_set("mouse")
+        agent.tool_set("mouse")
 
 
 # --- the real model ------------------------------------------------------------------------------
@@ -128,10 +128,10 @@ def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, 
     model, processor = tiny
     tasks, solutions = task_set
     task_id = next(t for t in sorted(tasks) if len(solutions[t]["oracle"]) >= 2)
-    messages = demonstration(tasks[task_id], solutions[task_id]["oracle"])
+    messages = demonstration(tasks[task_id], solutions[task_id]["oracle"], COMPUTER_13)
     screens = 1 + len(solutions[task_id]["oracle"])
     assert sum(m["role"] == "tool" for m in messages) == screens - 1
-    batch = demonstration_collator(processor, {task_id: messages}).torch_call(
+    batch = demonstration_collator(processor, {task_id: messages}, COMPUTER_13).torch_call(
         [{"task_id": task_id}]
     )
     image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -147,7 +147,7 @@ def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, 
     # The warm start learns from the very prompt GRPO and the evaluation render: tools included.
     prompt = processor.apply_chat_template(
         agent.task_prompt(tasks[task_id], agent.first_screenshot(tasks[task_id])),
-        tools=agent.TOOLS,
+        tools=list(COMPUTER_13.tools),
         add_generation_prompt=True,
         tokenize=True,
         return_dict=True,
@@ -163,7 +163,7 @@ def test_a_turn_ends_right_after_its_first_tool_call(task_set, tiny):
     tasks, _ = task_set
     task = tasks[sorted(tasks)[0]]
     prompt = processor.apply_chat_template(
-        agent.task_prompt(task, agent.first_screenshot(task)), tools=agent.TOOLS,
+        agent.task_prompt(task, agent.first_screenshot(task)), tools=list(COMPUTER_13.tools),
         add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
     call = processor.tokenizer.encode(
         '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>', add_special_tokens=False)
@@ -205,6 +205,7 @@ def make_run(tmp_path, backend, tasks, group=2, faults=None, heldout=frozenset()
         HeldoutGuard(heldout),
         ledger,
         ForkGroups(backend, group, faults),
+        tools=COMPUTER_13,
         max_turns=6,
         clock=GenerationClock(),
     )
@@ -213,7 +214,7 @@ def make_run(tmp_path, backend, tasks, group=2, faults=None, heldout=frozenset()
 def play(env, task_id: str, actions) -> list[list[dict]]:
     results = []
     for action in actions:
-        name, arguments = agent.call_for(action)
+        name, arguments = agent.call_for(action, COMPUTER_13)
         results.append(getattr(env, name)(**arguments))
     results.append(env.done())
     return results
@@ -226,7 +227,8 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
     arm = {"backend": "drums", "url": "embedded", "mode": mode}
     with open_arm(arm) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]})
-        envs = [environment_class()(run), environment_class()(run)]  # one GRPO group of 2
+        cls = environment_class(COMPUTER_13)
+        envs = [cls(run), cls(run)]  # one GRPO group of 2
         for env in envs:
             assert env.reset(task_id=task_id) is None
         oracle = solutions[task_id]["oracle"]
@@ -248,7 +250,7 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
 def refusals(backend, tmp_path, tasks, task_id) -> list:
     """What the policy reads after actions every desktop refuses (nothing changes)."""
     run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, group=1)
-    env = environment_class()(run)
+    env = environment_class(COMPUTER_13)(run)
     env.reset(task_id=task_id)
     read = [env.click(x=-5, y=3), env.click(x=3, y=500)]
     assert env.get_reward() == 0.0  # refused actions are the policy's, not the environment's
@@ -289,7 +291,7 @@ def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set):
     faults = {0: {"kill_at_step": 1}, 1: {"blank_at_step": 1}}
     with open_arm(arm, allow_faults=True) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, faults=faults)
-        envs = [environment_class()(run), environment_class()(run)]
+        envs = [environment_class(COMPUTER_13)(run), environment_class(COMPUTER_13)(run)]
         for env in envs:
             env.reset(task_id=task_id)
         for env in envs:
@@ -314,7 +316,7 @@ def test_a_first_screen_other_than_the_prompts_is_invalid(tmp_path, task_set):
         run = make_run(
             tmp_path, backend, {task_id: tasks[task_id]}, group=1, screens={task_id: "0" * 64}
         )
-        env = environment_class()(run)
+        env = environment_class(COMPUTER_13)(run)
         env.reset(task_id=task_id)
         assert env.click(x=10, y=10) == agent.tool_result(note=ENV_FAILED)
         assert env.get_reward() is None
@@ -329,9 +331,9 @@ def test_a_held_out_id_fails_the_run(tmp_path, task_set):
     with open_arm(arm) as backend:
         run = make_run(tmp_path, backend, {train: tasks[train]}, heldout=frozenset({heldout}))
         with pytest.raises(GuardError, match="held-out task"):
-            environment_class()(run).reset(task_id=heldout)
+            environment_class(COMPUTER_13)(run).reset(task_id=heldout)
         with pytest.raises(GuardError, match="not in the training split"):
-            environment_class()(run).reset(task_id="no-such-task")
+            environment_class(COMPUTER_13)(run).reset(task_id="no-such-task")
         with pytest.raises(GuardError, match="held-out task ids in the training data"):
             run.guard.check_dataset([train, heldout])
     assert not (tmp_path / "trajectories.jsonl").exists()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from envab.config import ConfigError, Target, check_config, selected_runs
+from envab.config import ConfigError, check_config, selected_runs
+from envab.preregistration import Preregistration
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,11 +111,8 @@ def test_config_selection_restricts_the_dry_run(workflow):
 
 
 def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():
-    target = Target.load(REPO / "preregistration" / "target.yaml")
-    raw = {**target.raw, "seeds": [1, 2]}
-    two_seeds = Target(
-        target.experiment_id, target.threshold, target.arms, (1, 2), target.evaluation_backend, raw
-    )
+    prereg = Preregistration.load(REPO / "preregistration" / "target.yaml")
+    two_seeds = dataclasses.replace(prereg, seeds=(1, 2))
     assert selected_runs({}, two_seeds) == [("qemu", 1), ("qemu", 2), ("drums", 1), ("drums", 2)]
     assert selected_runs({"arm": "drums"}, two_seeds) == [("drums", 1), ("drums", 2)]
     assert selected_runs({"seed": "2"}, two_seeds) == [("qemu", 2), ("drums", 2)]
@@ -124,6 +123,17 @@ def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():
 def test_shipped_config_and_target_are_valid():
     import yaml
 
-    target = Target.load(REPO / "preregistration" / "target.yaml")
-    check_config(yaml.safe_load((REPO / "config.yaml").read_text()), target)
-    assert target.evaluation_backend in target.arms
+    prereg = Preregistration.load(REPO / "preregistration" / "target.yaml")
+    check_config(yaml.safe_load((REPO / "config.yaml").read_text()), prereg)
+    assert prereg.evaluation.backend in prereg.arms
+
+
+def test_the_schema_fills_the_pre_registrations_defaults(tmp_path):
+    text = (REPO / "preregistration" / "target.yaml").read_text()
+    for line in ("  max_invalid_retries: 3\n", "  bootstrap_samples: 2000\n"):
+        assert line in text
+        text = text.replace(line, "")
+    (tmp_path / "target.yaml").write_text(text)
+    prereg = Preregistration.load(tmp_path / "target.yaml")
+    assert prereg.evaluation.max_invalid_retries == 3  # written once, in the schema
+    assert prereg.coincidence.bootstrap_samples == 2000

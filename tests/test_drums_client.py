@@ -12,9 +12,10 @@ import httpx
 import pytest
 from PIL import Image
 
+from envs.auth import TokenError
 from envs.drums import EMBEDDED, DrumsBackend, DrumsError, DrumsSession, connect, read_token
 from envs.host import serve_embedded
-from envs.protocol import ForkUnsupported, Verification
+from envs.protocol import ActionRejected, ForkUnsupported, Verification
 from envs.tasks.build import build
 from envs.tasks.validate import validate
 
@@ -38,8 +39,12 @@ def token(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fork_backend(token, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "fork.log"
-    with serve_embedded("fork", token[1], allow_faults=True, step_timeout_s=1.0,
-                        log_path=log) as url, DrumsBackend(url, token_file=token[1]) as backend:
+    with (
+        serve_embedded(
+            "fork", token[1], allow_faults=True, step_timeout_s=1.0, log_path=log
+        ) as url,
+        DrumsBackend(url, token_file=token[1]) as backend,
+    ):
         yield backend
 
 
@@ -112,8 +117,11 @@ def test_stale_generation_is_invalid(fork_backend, taskset):
     with fork_backend.create(task) as session:
         session.step(CLICK_CORNER)
         obs = session.step(oracle[0], generation=0)
-        assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "stale_generation",
-                                                              ("generation",))
+        assert (obs.valid, obs.verdict, obs.failed_gates) == (
+            False,
+            "stale_generation",
+            ("generation",),
+        )
         v = session.verify()
         assert (v.valid, v.score, v.verdict) == (False, None, "stale_generation")
 
@@ -127,8 +135,9 @@ def test_stale_generation_is_invalid(fork_backend, taskset):
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available"),
     ],
 )
-def test_gate_failures_reach_the_caller_as_invalid_never_zero(fork_backend, taskset, faults,
-                                                              verdict, gate):
+def test_gate_failures_reach_the_caller_as_invalid_never_zero(
+    fork_backend, taskset, faults, verdict, gate
+):
     task, oracle = task_named(taskset, "click_button")
     with fork_backend.create(task, faults=faults) as session:
         obs = session.observation
@@ -136,12 +145,21 @@ def test_gate_failures_reach_the_caller_as_invalid_never_zero(fork_backend, task
             obs = session.step(oracle[0])
         if gate != "verifier_available":
             assert (obs.valid, obs.verdict, obs.failed_gates, obs.screenshot) == (
-                False, verdict, (gate,), None)
+                False,
+                verdict,
+                (gate,),
+                None,
+            )
             assert session.step(CLICK_CORNER) is obs  # quarantined: no more steps
             assert all(c.observation.verdict == verdict for c in session.fork(3))
         v = session.verify()
         assert (v.valid, v.score, v.reward, v.verdict, v.failed_gates) == (
-            False, None, None, verdict, (gate,))
+            False,
+            None,
+            None,
+            verdict,
+            (gate,),
+        )
 
 
 def test_a_client_side_timeout_is_invalid_and_not_retried(fork_backend, token, taskset):
@@ -158,9 +176,16 @@ def test_retries_only_idempotent_calls():
     calls: Counter = Counter()
     png = io.BytesIO()
     Image.new("RGB", (4, 4), (1, 2, 3)).save(png, "PNG")
-    created = {"env_id": "e1", "generation": 0, "valid": True, "verdict": "valid",
-               "failed_gates": [], "state_sha256": "0" * 64, "timings": {},
-               "screenshot_png": base64.b64encode(png.getvalue()).decode()}
+    created = {
+        "env_id": "e1",
+        "generation": 0,
+        "valid": True,
+        "verdict": "valid",
+        "failed_gates": [],
+        "state_sha256": "0" * 64,
+        "timings": {},
+        "screenshot_png": base64.b64encode(png.getvalue()).decode(),
+    }
 
     def host(request: httpx.Request) -> httpx.Response:
         key = (request.method, request.url.path)
@@ -169,17 +194,25 @@ def test_retries_only_idempotent_calls():
             return httpx.Response(201, json=created)
         raise httpx.ReadError("connection dropped mid-answer", request=request)
 
-    backend = DrumsBackend("http://drums.invalid", token="t", retries=2, backoff_s=0,
-                           transport=httpx.MockTransport(host))
+    backend = DrumsBackend(
+        "http://drums.invalid",
+        token="t",
+        retries=2,
+        backoff_s=0,
+        transport=httpx.MockTransport(host),
+    )
     stepping, verifying = backend.create({"id": "t1"}), backend.create({"id": "t1"})
     obs = stepping.step(CLICK_CORNER)
-    assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "env_failure",
-                                                          ("host_reachable",))
+    assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "env_failure", ("host_reachable",))
     v = verifying.verify()
     assert (v.valid, v.score, v.verdict) == (False, None, "env_failure")
     verifying.close()
-    assert calls == {("POST", "/v1/envs"): 2, ("POST", "/v1/envs/e1/step"): 1,
-                     ("POST", "/v1/envs/e1/verify"): 3, ("DELETE", "/v1/envs/e1"): 3}
+    assert calls == {
+        ("POST", "/v1/envs"): 2,
+        ("POST", "/v1/envs/e1/step"): 1,
+        ("POST", "/v1/envs/e1/verify"): 3,
+        ("DELETE", "/v1/envs/e1"): 3,
+    }
 
     calls.clear()
 
@@ -187,12 +220,20 @@ def test_retries_only_idempotent_calls():
         calls[request.method] += 1
         raise httpx.ConnectError("connection refused", request=request)
 
-    backend = DrumsBackend("http://drums.invalid", token="t", retries=2, backoff_s=0,
-                           transport=httpx.MockTransport(refused))
+    backend = DrumsBackend(
+        "http://drums.invalid",
+        token="t",
+        retries=2,
+        backoff_s=0,
+        transport=httpx.MockTransport(refused),
+    )
     session = backend.create({"id": "t1"})  # never reached the host: safe to retry
     assert calls["POST"] == 3
     assert (session.valid, session.observation.verdict, session.env_id) == (
-        False, "env_failure", None)
+        False,
+        "env_failure",
+        None,
+    )
     assert session.verify().failed_gates == ("host_reachable",)
 
 
@@ -203,13 +244,28 @@ def test_a_dead_host_gives_invalid_verdicts(token, taskset):
         session = backend.create(task)
         assert session.valid
     obs = session.step(oracle[0])
-    assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "env_failure",
-                                                          ("host_reachable",))
+    assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "env_failure", ("host_reachable",))
     v = session.verify()
     assert (v.valid, v.score, v.verdict) == (False, None, "env_failure")
     session.close()  # harmless
     late = backend.create(task)
     assert (late.valid, late.observation.failed_gates) == (False, ("host_reachable",))
+
+
+def test_a_refused_action_is_the_protocols_action_rejected_with_the_hosts_line(
+    fork_backend, taskset
+):
+    task, oracle = task_named(taskset, "click_button")
+    session = fork_backend.create(task)
+    off_screen = {"action_type": "CLICK", "parameters": {"x": 999, "y": 1}}
+    with pytest.raises(ActionRejected) as refused:  # the host answered 422
+        session.step(off_screen)
+    assert isinstance(refused.value, ValueError)
+    assert len(str(refused.value).splitlines()) == 1 and "outside" in str(refused.value)
+    for action in oracle:  # nothing changed: the episode goes on and succeeds
+        session.step(action)
+    assert session.verify().score == 1.0
+    session.close()
 
 
 def test_token_sources_and_secrecy(fork_backend, token, taskset, monkeypatch, caplog):
@@ -221,8 +277,12 @@ def test_token_sources_and_secrecy(fork_backend, token, taskset, monkeypatch, ca
     monkeypatch.setenv("DRUMS_TOKEN", "from-env")
     assert read_token() == "from-env"
     monkeypatch.delenv("DRUMS_TOKEN")
-    with pytest.raises(DrumsError, match="DRUMS_TOKEN_FILE or DRUMS_TOKEN"):
+    with pytest.raises(TokenError, match="^no Drums token: set DRUMS_TOKEN_FILE or DRUMS_TOKEN$"):
         read_token()
+    with pytest.raises(DrumsError, match="^no Drums token"):  # the backend's own error, as before
+        DrumsBackend(fork_backend.url)
+    with pytest.raises(DrumsError, match=f"^token file {path.parent / 'nope'}: No such file"):
+        DrumsBackend(fork_backend.url, token_file=path.parent / "nope")
 
     caplog.set_level(logging.DEBUG)  # httpx and httpcore included
     task, oracle = task_named(taskset, "click_button")
@@ -230,8 +290,10 @@ def test_token_sources_and_secrecy(fork_backend, token, taskset, monkeypatch, ca
     session.step(oracle[0])
     texts = [repr(fork_backend), repr(session), str(session.verify().to_dict())]
     session.close()
-    with DrumsBackend(fork_backend.url, token=value + "x") as wrong, \
-            pytest.raises(DrumsError, match="refused the token") as refused:
+    with (
+        DrumsBackend(fork_backend.url, token=value + "x") as wrong,
+        pytest.raises(DrumsError, match="refused the token") as refused,
+    ):
         wrong.health()
     texts.append(str(refused.value))
     texts.append(caplog.text)

@@ -68,7 +68,8 @@ def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
     # A stage run outside Snakemake checks the frozen digest too.
     result = frozen.python(
         "-m", "envab.freeze", "code", "--target", "preregistration/target.yaml",
-        "--groups", '{"trainer": ["trainer/*.py"]}',
+        "--receipts", (RECEIPTS / "preregistration.json").as_posix(),
+        "--groups", '{"trainer": ["trainer/*.py"]}', "--receipt", "code.json",
     )
     assert result.returncode == 2 and "was edited after" in result.stderr
 

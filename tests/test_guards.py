@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from envab.receipts import FREEZE_RECEIPTS, Receipts
 from trainer.guards import (
     GuardError,
     HeldoutGuard,
@@ -19,11 +20,16 @@ RECEIPTS = "receipts/embedded-default-v5"
 PINS = "results/embedded-default-v5/drums/seed1/pins.json"
 
 
+def frozen_receipts(root) -> Receipts:
+    """The freeze receipts as a job is given them: relative paths, run from the workflow folder."""
+    return Receipts([root / RECEIPTS / name for name in FREEZE_RECEIPTS])
+
+
 def test_a_clean_freeze_passes_every_guard(frozen):
     root = frozen.root
-    check_receipts(root / RECEIPTS, root)
-    check_code(root / RECEIPTS, root)
-    pins = check_pins(root / PINS, root / RECEIPTS)
+    check_receipts(frozen_receipts(root), root)
+    check_code(frozen_receipts(root), root)
+    pins = check_pins(root / PINS, frozen_receipts(root))
     assert pins["arm"] == "drums"
 
 
@@ -31,15 +37,15 @@ def test_changed_code_is_refused_by_name(frozen):
     path = frozen.root / "envs" / "tasks" / "checkers.py"
     path.write_text(path.read_text() + "\n# an innocent-looking edit\n")
     with pytest.raises(GuardError, match="envs/tasks/checkers.py"):
-        check_code(frozen.root / RECEIPTS, frozen.root)
+        check_code(frozen_receipts(frozen.root), frozen.root)
     with pytest.raises(GuardError, match="do not verify"):
-        check_receipts(frozen.root / RECEIPTS, frozen.root)
+        check_receipts(frozen_receipts(frozen.root), frozen.root)
 
 
 def test_a_file_added_after_freezing_is_refused(frozen):
     (frozen.root / "trainer" / "shortcut.py").write_text("REWARD = 1.0\n")
     with pytest.raises(GuardError, match="trainer/shortcut.py"):
-        check_code(frozen.root / RECEIPTS, frozen.root)
+        check_code(frozen_receipts(frozen.root), frozen.root)
 
 
 def test_pins_made_against_other_receipts_are_refused(frozen):
@@ -48,11 +54,11 @@ def test_pins_made_against_other_receipts_are_refused(frozen):
     pins["receipts"]["split.json"] = "0" * 64
     pins_path.write_text(json.dumps(pins))
     with pytest.raises(GuardError, match="split.json"):
-        check_pins(pins_path, frozen.root / RECEIPTS)
+        check_pins(pins_path, frozen_receipts(frozen.root))
 
 
 def test_heldout_ids_never_reach_the_trainer(frozen):
-    heldout = heldout_ids(frozen.root / RECEIPTS)
+    heldout = heldout_ids(frozen_receipts(frozen.root))
     train = [
         json.loads(line)["id"]
         for line in (frozen.root / "results/embedded-default-v5/tasks/train.jsonl").open()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from envs.arms import open_arm
 from envs.tasks.build import build
 from envs.tasks.local import LocalBackend
 from eval.heldout import Protocol, evaluate
-from trainer.environment import open_arm
+from trainer import agent
 
 PROTOCOL = Protocol(episodes_per_task=1, seeds=(0,), max_steps=3, max_invalid_retries=0,
                     temperature=0.0, max_new_tokens=32)
@@ -15,6 +16,8 @@ PROTOCOL = Protocol(episodes_per_task=1, seeds=(0,), max_steps=3, max_invalid_re
 
 class Scripted:
     """A policy that replays tool calls: what the model would have emitted, one per turn."""
+
+    tools = agent.tool_set("computer_13")
 
     def __init__(self, calls):
         self.calls, self.seen = calls, []

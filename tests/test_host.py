@@ -8,6 +8,8 @@ import json
 import os
 import secrets
 import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -41,16 +43,23 @@ def logs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fork_host(token, logs):
     _, path = token
-    with serve_embedded("fork", path, allow_faults=True, step_timeout_s=STEP_TIMEOUT_S,
-                        log_path=logs / "fork.log", extra_args=["--access-log"]) as url:
+    with serve_embedded(
+        "fork",
+        path,
+        allow_faults=True,
+        step_timeout_s=STEP_TIMEOUT_S,
+        log_path=logs / "fork.log",
+        extra_args=["--access-log"],
+    ) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def restore_host(token, logs):
     _, path = token
-    with serve_embedded("restore", path, log_path=logs / "restore.log",
-                        extra_args=["--access-log"]) as url:
+    with serve_embedded(
+        "restore", path, log_path=logs / "restore.log", extra_args=["--access-log"]
+    ) as url:
         yield url
 
 
@@ -175,7 +184,10 @@ def test_stale_generation_is_invalid_and_quarantines(fork_api, taskset):
     assert env["generation"] == 1
     stale = step(fork_api, env, solutions[task_id]["oracle"][0], generation=0)
     assert (stale["valid"], stale["verdict"], stale["failed_gates"]) == (
-        False, "stale_generation", ["generation"])
+        False,
+        "stale_generation",
+        ["generation"],
+    )
     assert stale["screenshot_png"] is None
     again = step(fork_api, env, CLICK_CORNER, generation=1)  # quarantined: nothing runs
     assert again["verdict"] == "stale_generation" and again["generation"] == 1
@@ -193,8 +205,7 @@ def test_stale_generation_is_invalid_and_quarantines(fork_api, taskset):
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available", None),
     ],
 )
-def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdict, gate,
-                                               at_create):
+def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdict, gate, at_create):
     tasks, solutions = taskset
     task_id = "click_button-s1-000"
     env = create(fork_api, tasks[task_id], faults)
@@ -210,7 +221,11 @@ def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdic
     v = verify(fork_api, env)
     # The oracle ran (or would have), yet no score: an invalid episode is never a 0 or a 1.
     assert (v["valid"], v["score"], v["verdict"], v["failed_gates"]) == (
-        False, None, verdict, [gate])
+        False,
+        None,
+        verdict,
+        [gate],
+    )
     assert v["audit"]["trusted"] is False
 
 
@@ -236,12 +251,17 @@ def test_bad_requests_get_one_clear_line(fork_api, restore_api, taskset):
     r = fork_api.post("/v1/envs", json={"task": task})
     assert r.status_code == 400 and "evaluator" in r.json()["error"]
     env = create(fork_api, next(iter(taskset[0].values())))
-    r = fork_api.post(f"/v1/envs/{env['env_id']}/step",
-                      json={"action": {"action_type": "JUMP"}, "generation": 0})
+    r = fork_api.post(
+        f"/v1/envs/{env['env_id']}/step", json={"action": {"action_type": "JUMP"}, "generation": 0}
+    )
     assert r.status_code == 400 and "JUMP" in r.json()["error"]
-    r = fork_api.post(f"/v1/envs/{env['env_id']}/step",
-                      json={"action": {"action_type": "CLICK", "parameters": {"x": 999, "y": 1}},
-                            "generation": 0})
+    r = fork_api.post(
+        f"/v1/envs/{env['env_id']}/step",
+        json={
+            "action": {"action_type": "CLICK", "parameters": {"x": 999, "y": 1}},
+            "generation": 0,
+        },
+    )
     assert r.status_code == 422 and "outside" in r.json()["error"]  # the desktop refused it
     assert step(fork_api, env, CLICK_CORNER)["valid"]  # and the environment lives on
     assert fork_api.post("/v1/envs/nope/verify").status_code == 404
@@ -251,8 +271,9 @@ def test_bad_requests_get_one_clear_line(fork_api, restore_api, taskset):
     assert r.status_code == 400 and "desktop width" in r.json()["error"]
     assert create(fork_api, next(iter(taskset[0].values())))["valid"]  # the host lives on
     # Fault switches are refused by a host started without --allow-faults.
-    r = restore_api.post("/v1/envs", json={"task": next(iter(taskset[0].values())),
-                                           "faults": {"kill_at_step": 1}})
+    r = restore_api.post(
+        "/v1/envs", json={"task": next(iter(taskset[0].values())), "faults": {"kill_at_step": 1}}
+    )
     assert r.status_code == 403
 
 
@@ -261,10 +282,15 @@ def test_bad_requests_get_one_clear_line(fork_api, restore_api, taskset):
 
 def test_every_route_refuses_a_request_without_the_token(fork_host, token, taskset):
     task = next(iter(taskset[0].values()))
-    calls = [("GET", "/v1/health", None), ("POST", "/v1/envs", {"task": task}),
-             ("POST", "/v1/envs/x/step", {"action": CLICK_CORNER, "generation": 0}),
-             ("POST", "/v1/envs/x/fork", {"n": 1}), ("POST", "/v1/envs/x/verify", None),
-             ("DELETE", "/v1/envs/x", None), ("GET", "/docs", None)]
+    calls = [
+        ("GET", "/v1/health", None),
+        ("POST", "/v1/envs", {"task": task}),
+        ("POST", "/v1/envs/x/step", {"action": CLICK_CORNER, "generation": 0}),
+        ("POST", "/v1/envs/x/fork", {"n": 1}),
+        ("POST", "/v1/envs/x/verify", None),
+        ("DELETE", "/v1/envs/x", None),
+        ("GET", "/docs", None),
+    ]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token[0]}):
         with httpx.Client(base_url=fork_host, headers=headers) as client:
             for method, path, body in calls:
@@ -276,6 +302,34 @@ def test_every_route_refuses_a_request_without_the_token(fork_host, token, tasks
         client.post("/v1/envs", json={"task": task})
     with api(fork_host, token[0]) as client:  # the refused create made nothing
         assert client.get("/v1/health").json()["environments"] == before
+
+
+@pytest.mark.parametrize("content", [None, " \n"])
+def test_a_host_without_a_usable_token_file_exits_with_one_line(tmp_path, content):
+    path = tmp_path / "token"
+    if content is not None:
+        path.write_text(content)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envs.host",
+            "--mode",
+            "fork",
+            "--port",
+            "0",
+            "--token-file",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    reason = "No such file or directory" if content is None else None
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"token file {path}: {reason}" if reason else f"token file {path} is empty"
+    ]
 
 
 def test_the_token_appears_in_no_log(fork_host, restore_host, token, logs):

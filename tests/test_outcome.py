@@ -1,30 +1,50 @@
-"""The outcome from run records: rows per arm and seed, coincidence first, honest about seeds."""
+"""The outcome from run records: rows per arm and seed, coincidence first, honest about seeds; and
+`python -m analysis.outcome` reading and writing exactly the files it is given."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
+import yaml
 
-from analysis.outcome import NotComparable, Run, compute_outcome, render_markdown
+from analysis import run_table
+from analysis.figures import plot_curves, points
+from analysis.outcome import NotComparable, compute_outcome, render_markdown
+from analysis.runs import RunRecords
+from envab.hashing import sha256_file
 from envab.io import write_jsonl
+from envab.preregistration import check_frozen, freeze
 
-TARGET = {
-    "experiment_id": "exp",
-    "question": "Faster  or\ncheaper?",
-    "target": {"metric": "heldout_success_rate", "threshold": 0.5},
-    "arms": ["restore", "drums"],
-    "coincidence": {"margin": 0.15, "bootstrap_samples": 500, "confidence": 0.95},
-}
+REPO = Path(__file__).resolve().parent.parent
+
+# The pre-registration's shape as the analysis reads it (envab.preregistration.Preregistration).
+PREREG = SimpleNamespace(
+    experiment_id="exp",
+    question="Faster or cheaper?",
+    target=SimpleNamespace(metric="heldout_success_rate", threshold=0.5),
+    threshold=0.5,
+    arms=("restore", "drums"),
+    seeds=(1, 2, 3),
+    coincidence=SimpleNamespace(margin=0.15, bootstrap_samples=500, confidence=0.95),
+)
 
 
-def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", tasks=40):
-    """A run directory with one checkpoint per 32 valid trajectories and its held-out rates."""
-    run = root / arm / f"seed{seed}"
+def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", tasks=40) -> dict:
+    """One run's files, with one checkpoint per 32 valid trajectories and its held-out rates;
+    returns them as RunRecords.load takes them."""
+    run = Path(root) / arm / f"seed{seed}"
     (run / "eval").mkdir(parents=True)
     pins = {"arm": arm, "seed": seed, "comparable_sha256": comparable}
     (run / "pins.json").write_text(json.dumps(pins))
-    checkpoints = []
+    checkpoints, evaluations = [], []
     for i, rate in enumerate(rates, 1):
         name = f"ckpt-{i:03d}"
         valid = 32 * i
@@ -40,7 +60,8 @@ def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", task
             }
         )
         outcomes = {f"t{k}": [int(k < round(rate * tasks))] for k in range(tasks)}
-        (run / "eval" / f"{name}.json").write_text(
+        evaluation = run / "eval" / f"{name}.json"
+        evaluation.write_text(
             json.dumps(
                 {
                     "scored": True,
@@ -51,35 +72,81 @@ def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", task
                 }
             )
         )
+        evaluations.append(evaluation)
     write_jsonl(run / "checkpoints.jsonl", checkpoints)
     final = {**checkpoints[-1], "stop_reason": "max_valid_trajectories"}
     (run / "run.json").write_text(json.dumps(final))
-    return run
+    return {
+        "pins": run / "pins.json",
+        "checkpoints": run / "checkpoints.jsonl",
+        "run": run / "run.json",
+        "evaluations": evaluations,
+    }
+
+
+def load(*args, **kwargs) -> RunRecords:
+    return RunRecords.load(**write_run(*args, **kwargs))
+
+
+def test_run_records_read_exactly_the_files_named(tmp_path):
+    files = write_run(tmp_path, "drums", 1, [0.25, 0.5], 1.0)
+    stray = files["pins"].parent / "eval" / "ckpt-999.json"  # in the folder, but not named
+    stray.write_text("not JSON: reading it would fail")
+    run = RunRecords.load(
+        files["pins"], files["checkpoints"], files["run"], reversed(files["evaluations"])
+    )
+    assert (run.arm, run.seed) == ("drums", 1)
+    assert list(run.evaluations) == ["ckpt-001", "ckpt-002"]  # named by stem, in path order
+    assert run.evaluations["ckpt-002"]["success_rate"] == 0.5
+    assert [c["checkpoint"] for c in run.checkpoints] == ["ckpt-001", "ckpt-002"]
+    assert run.final["stop_reason"] == "max_valid_trajectories"
+    named = [files["pins"], files["checkpoints"], files["run"], *files["evaluations"]]
+    assert run.inputs == {p.as_posix(): sha256_file(p) for p in named}
+
+
+def test_two_evaluations_of_one_checkpoint_are_refused(tmp_path):
+    a = write_run(tmp_path / "a", "drums", 1, [0.5], 1.0)
+    b = write_run(tmp_path / "b", "drums", 1, [0.5], 1.0)
+    with pytest.raises(ValueError, match=r"checkpoint\(s\) \['ckpt-001'\]"):
+        RunRecords.load(**{**a, "evaluations": a["evaluations"] + b["evaluations"]})
 
 
 def test_both_arms_one_seed_each(tmp_path):
     runs = [
-        Run.load(write_run(tmp_path, "restore", 1, [0.2, 0.4, 0.6], 2.0)),
-        Run.load(write_run(tmp_path, "drums", 1, [0.2, 0.4, 0.6], 1.0)),
+        load(tmp_path, "restore", 1, [0.2, 0.4, 0.6], 2.0),
+        load(tmp_path, "drums", 1, [0.2, 0.4, 0.6], 1.0),
     ]
-    outcome = compute_outcome(runs, TARGET)
+    outcome = compute_outcome(runs, PREREG)
     rows = {r["arm"]: r for r in outcome["runs"]}
     assert rows["restore"]["reached"] and rows["drums"]["reached"]
     assert rows["restore"]["wall_clock_s"] == 192.0 and rows["drums"]["wall_clock_s"] == 96.0
     assert outcome["coincidence"][0]["verdict"] == "coincide"
     assert outcome["arms"]["drums"]["variance"].startswith("one seed per arm")
     assert len(outcome["inputs"]) == 2 * (3 + 3)
+    assert outcome["target"] == {"metric": "heldout_success_rate", "threshold": 0.5}
+    assert outcome["experiment_id"] == "exp" and outcome["question"] == "Faster or cheaper?"
     text = render_markdown(outcome)
     assert "| drums | 1 | reached at ckpt-003 |" in text
-    assert "Faster or cheaper?" in text
+    assert "**Target.** heldout_success_rate ≥ 0.5 (pre-registered)." in text
+
+
+def test_the_first_registered_arm_is_the_baseline(tmp_path):
+    runs = [
+        load(tmp_path, "drums", 1, [0.2, 0.4], 1.0),
+        load(tmp_path, "restore", 1, [0.2, 0.4], 2.0),
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    assert [r["arm"] for r in outcome["runs"]] == ["restore", "drums"]
+    check = outcome["coincidence"][0]
+    assert (check["baseline"], check["candidate"]) == ("restore", "drums")
 
 
 def test_never_reached_and_a_gap_shown_first(tmp_path):
     runs = [
-        Run.load(write_run(tmp_path, "restore", 1, [0.3, 0.6, 0.8], 2.0)),
-        Run.load(write_run(tmp_path, "drums", 1, [0.0, 0.1, 0.2], 1.0)),
+        load(tmp_path, "restore", 1, [0.3, 0.6, 0.8], 2.0),
+        load(tmp_path, "drums", 1, [0.0, 0.1, 0.2], 1.0),
     ]
-    outcome = compute_outcome(runs, TARGET)
+    outcome = compute_outcome(runs, PREREG)
     drums = next(r for r in outcome["runs"] if r["arm"] == "drums")
     assert drums["reached"] is False and drums["final_heldout_success_rate"] == 0.2
     assert outcome["coincidence"][0]["verdict"] == "differ"
@@ -90,32 +157,155 @@ def test_never_reached_and_a_gap_shown_first(tmp_path):
 
 def test_runs_pinned_differently_are_not_compared(tmp_path):
     runs = [
-        Run.load(write_run(tmp_path, "restore", 1, [0.5], 2.0, comparable="a")),
-        Run.load(write_run(tmp_path, "drums", 1, [0.5], 1.0, comparable="b")),
+        load(tmp_path, "restore", 1, [0.5], 2.0, comparable="a"),
+        load(tmp_path, "drums", 1, [0.5], 1.0, comparable="b"),
     ]
     with pytest.raises(NotComparable, match="pinned to different things"):
-        compute_outcome(runs, TARGET)
+        compute_outcome(runs, PREREG)
 
 
 def test_several_seeds_give_a_spread(tmp_path):
     runs = [
-        Run.load(write_run(tmp_path, arm, seed, [0.4, 0.6], speed))
+        load(tmp_path, arm, seed, [0.4, 0.6], speed)
         for arm, speed in (("restore", 2.0), ("drums", 1.0))
         for seed in (1, 2, 3)
     ]
-    outcome = compute_outcome(runs, TARGET)
+    outcome = compute_outcome(runs, PREREG)
     assert outcome["arms"]["drums"]["seeds"] == 3
     assert outcome["arms"]["drums"]["time_to_target_s"]["mean"] == 64.0
 
 
 def test_curve_figures_are_written_for_both_views(tmp_path):
-    from analysis.figures import plot_curves, points
-
     runs = [
-        Run.load(write_run(tmp_path / "runs", "restore", 1, [0.2, 0.5], 2.0)),
-        Run.load(write_run(tmp_path / "runs", "drums", 1, [0.25, 0.5], 1.0)),
+        load(tmp_path / "runs", "restore", 1, [0.2, 0.5], 2.0),
+        load(tmp_path / "runs", "drums", 1, [0.25, 0.5], 1.0),
     ]
     assert [p[:2] for p in points(runs[1], "valid_trajectories")] == [(32, 0.25), (64, 0.5)]
     for view in ("valid", "wallclock"):
         out = plot_curves(runs, 0.5, tmp_path / f"{view}.png", view)
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_run_table_from_named_files(tmp_path):
+    files = write_run(tmp_path, "drums", 1, [0.25, 0.5], 1.0)
+    out = tmp_path / "curve.csv"
+    evals = [str(e) for e in files["evaluations"][:1]]  # the second checkpoint not evaluated
+    argv = ["--pins", str(files["pins"]), "--checkpoints", str(files["checkpoints"])]
+    argv += ["--run", str(files["run"]), "--evals", *evals, "--out", str(out)]
+    assert run_table.main(argv) == 0
+    table = pd.read_csv(out)
+    assert list(table.columns) == run_table.COLUMNS
+    assert table["checkpoint"].tolist() == ["ckpt-001", "ckpt-002"]
+    assert table["heldout_success_rate"].iloc[0] == 0.25
+    assert table["scored"].tolist() == [True, False]
+
+
+FROZEN = "receipts/embedded-default-v5/preregistration.json"
+TARGET = ["--target", "prereg/target.yaml", "--frozen", FROZEN]
+
+
+def frozen_target(root: Path, monkeypatch) -> Path:
+    """The shipped pre-registration with this test's arms, frozen under `root` (the working
+    directory, where the outcome CLI looks for the receipt)."""
+    target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
+    target["arms"] = ["restore", "drums"]
+    target["prices"]["host_usd_per_hour"] = {"restore": 0.1, "drums": 0.1}
+    target["evaluation"]["backend"] = "restore"
+    path = root / "prereg" / "target.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(target, sort_keys=False))
+    monkeypatch.chdir(root)
+    freeze(path.relative_to(root))
+    return path
+
+
+def outcome_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis.outcome", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatch):
+    frozen_target(tmp_path, monkeypatch)
+    run_args, named = [], []
+    for arm, speed in (("restore", 2.0), ("drums", 1.0)):
+        files = write_run(tmp_path / "in", arm, 1, [0.2, 0.5], speed)
+        paths = [files["pins"], files["checkpoints"], files["run"], *files["evaluations"]]
+        relative = [p.relative_to(tmp_path).as_posix() for p in paths]
+        run_args += ["--run", *relative]
+        named += relative
+    receipt = "receipts/exp/outcome.json"
+    outputs = {
+        "--outcome-json": "out/a/answer.json",
+        "--outcome-md": "out/b/answer.md",
+        "--curves-valid": "out/c/valid.png",
+        "--curves-wallclock": "out/d/wallclock.png",
+        "--receipt": receipt,
+    }
+    result = outcome_cli(
+        tmp_path,
+        *TARGET,
+        *run_args,
+        *[x for pair in outputs.items() for x in pair],
+        "--depends-on",
+        FROZEN,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "out").rglob("*")) == [
+        "out/a",
+        "out/a/answer.json",
+        "out/b",
+        "out/b/answer.md",
+        "out/c",
+        "out/c/valid.png",
+        "out/d",
+        "out/d/wallclock.png",
+    ]
+    outcome = json.loads((tmp_path / "out/a/answer.json").read_text())
+    assert outcome["experiment_id"] == "embedded-default-v5"
+    assert outcome["target"] == {"metric": "heldout_success_rate", "threshold": 0.75}
+    assert "  " not in outcome["question"] and outcome["question"].startswith("If only")
+    assert [(r["arm"], r["seed"]) for r in outcome["runs"]] == [("restore", 1), ("drums", 1)]
+    assert sorted(outcome["inputs"]) == sorted(named)
+    # The same answer as computed in-process from the same files.
+    runs = [RunRecords.load(*named[i : i + 3], named[i + 3 : i + 5]) for i in (0, 5)]
+    expected = compute_outcome(runs, check_frozen("prereg/target.yaml", FROZEN))
+    assert outcome == json.loads(json.dumps(expected))
+    markdown = (tmp_path / "out/b/answer.md").read_text()
+    assert markdown == render_markdown(expected) and markdown in result.stdout
+    for figure in ("out/c/valid.png", "out/d/wallclock.png"):
+        assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG"
+    statement = json.loads((tmp_path / receipt).read_text())
+    subjects = [s["name"] for s in statement["subject"]]
+    assert subjects[:4] == [outputs[k] for k in list(outputs)[:4]]
+    assert sorted(subjects[4:]) == sorted(named)
+    assert [d["name"] for d in statement["predicate"]["depends_on"]] == [FROZEN]
+
+
+def test_outcome_cli_refuses_a_missing_file_and_writes_nothing(tmp_path, monkeypatch):
+    frozen_target(tmp_path, monkeypatch)
+    files = write_run(tmp_path, "restore", 1, [0.5], 1.0)
+    files["run"].unlink()
+    run = [str(files[k]) for k in ("pins", "checkpoints", "run")]
+    outputs = ["--outcome-json", "o.json", "--outcome-md", "o.md", "--curves-valid", "v.png"]
+    outputs += ["--curves-wallclock", "w.png", "--receipt", "r.json"]
+    result = outcome_cli(tmp_path, *TARGET, "--run", *run, *outputs)
+    assert result.returncode == 2 and "error:" in result.stderr and "run.json" in result.stderr
+    assert not any((tmp_path / name).exists() for name in ("o.json", "o.md", "v.png", "r.json"))
+    short = outcome_cli(tmp_path, *TARGET, "--run", run[0], *outputs)
+    assert short.returncode == 2 and "give pins.json, checkpoints.jsonl, run.json" in short.stderr
+
+
+def test_outcome_cli_refuses_an_unfrozen_target(tmp_path):
+    shutil.copytree(REPO / "preregistration", tmp_path / "prereg")
+    files = write_run(tmp_path, "drums", 1, [0.5], 1.0)
+    run = [str(files[k]) for k in ("pins", "checkpoints", "run")]
+    outputs = ["--outcome-json", "o.json", "--outcome-md", "o.md", "--curves-valid", "v.png"]
+    outputs += ["--curves-wallclock", "w.png", "--receipt", "r.json"]
+    result = outcome_cli(tmp_path, *TARGET, "--run", *run, *outputs)
+    assert result.returncode == 2 and "not frozen yet" in result.stderr

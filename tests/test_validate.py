@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from envab.io import read_jsonl, write_jsonl
+from envs.arms import ArmError
 from envs.desktop import Desktop
 from envs.tasks import checkers
 from envs.tasks.build import build, make_task
@@ -50,11 +51,24 @@ def test_a_checker_that_always_passes_is_rejected(default_set, monkeypatch):
 
 def test_a_checker_blind_to_scope_is_rejected(default_set, monkeypatch):
     tasks, solutions = default_set
-    monkeypatch.setattr(checkers, "out_of_scope_digest",
-                        lambda state, may_change: "the expected digest, whatever changed")
-    scope_blind = {t["id"]: {**t, "evaluator": {**t["evaluator"], "scope": {
-        **t["evaluator"]["scope"], "unchanged_sha256": "the expected digest, whatever changed"}}}
-        for t in tasks}
+    monkeypatch.setattr(
+        checkers,
+        "out_of_scope_digest",
+        lambda state, may_change: "the expected digest, whatever changed",
+    )
+    scope_blind = {
+        t["id"]: {
+            **t,
+            "evaluator": {
+                **t["evaluator"],
+                "scope": {
+                    **t["evaluator"]["scope"],
+                    "unchanged_sha256": "the expected digest, whatever changed",
+                },
+            },
+        }
+        for t in tasks
+    }
     results = validate(LocalBackend().create, list(scope_blind.values()), solutions)
     assert sorted(rejected(results)) == sorted(t["id"] for t in tasks)
     # The scope probe (the oracle, then one change outside the task's scope) is what catches it.
@@ -71,8 +85,7 @@ def test_a_checker_that_crashes_makes_plays_invalid_not_zero(default_set, monkey
     results = validate(LocalBackend().create, tasks[:3], solutions[:3])
     assert len(rejected(results)) == 3
     plays = [p for r in results for p in r.plays]
-    assert {(p.valid, p.score, p.verdict) for p in plays} == {
-        (False, None, "verifier_unavailable")}
+    assert {(p.valid, p.score, p.verdict) for p in plays} == {(False, None, "verifier_unavailable")}
 
 
 def test_checkers_raise_when_they_cannot_run_and_never_return_zero_for_it():
@@ -101,8 +114,9 @@ def test_scope_and_fail_turn_a_reached_goal_into_zero():
         session.step(action)
     assert session.verify()["score"] == 1.0
     state = session.desktop.state()
-    other = next(w for w in state["widgets"] if w["id"] not in task["evaluator"]["options"]
-                 ["expect"])
+    other = next(
+        w for w in state["widgets"] if w["id"] not in task["evaluator"]["options"]["expect"]
+    )
     other["value"] = not other["value"] if other["kind"] == "checkbox" else 3
     assert check(task["evaluator"], state) == 0.0  # something outside the scope changed
     session.step({"action_type": "FAIL", "parameters": {}})
@@ -135,13 +149,24 @@ def test_the_cli_exits_non_zero_naming_the_rejected_task(tmp_path):
     write_jsonl(tmp_path / "tasks.jsonl", tasks)
     write_jsonl(tmp_path / "solutions.jsonl", solutions)
     done = subprocess.run(
-        [sys.executable, "-m", "envs.tasks.validate", "--tasks", str(tmp_path / "tasks.jsonl"),
-         "--solutions", str(tmp_path / "solutions.jsonl"), "--report", str(tmp_path / "r.json")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "envs.tasks.validate",
+            "--tasks",
+            str(tmp_path / "tasks.jsonl"),
+            "--solutions",
+            str(tmp_path / "solutions.jsonl"),
+            "--report",
+            str(tmp_path / "r.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1
-    assert done.stderr.splitlines() == [
-        f"rejected {broken}: oracle scored 0.0, expected 1.0"]
+    assert done.stderr.splitlines() == [f"rejected {broken}: oracle scored 0.0, expected 1.0"]
     assert "7/8 tasks accepted" in done.stdout
     assert (tmp_path / "r.json").exists()
     assert list(read_jsonl(tmp_path / "solutions.jsonl")) == solutions
@@ -157,3 +182,55 @@ def test_the_validator_runs_over_the_real_embedded_host():
     assert rejected(results) == [tasks[0]["id"]]
     assert results[0].reasons[0] == "noop was invalid (state_mismatch)"
     assert all(len(r.plays) >= 3 for r in results)
+
+
+def test_the_cli_validates_on_the_arm_its_arm_flag_names(tmp_path):
+    tasks, solutions = build(seed=1, per_family=1)
+    write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    write_jsonl(tmp_path / "solutions.jsonl", solutions)
+    files = [
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--solutions",
+        str(tmp_path / "solutions.jsonl"),
+    ]
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "envs.tasks.validate", *files, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = cli(
+        "--arm",
+        '{"backend": "drums", "url": "embedded", "mode": "restore"}',
+        "--report",
+        str(tmp_path / "r.json"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{len(tasks)}/{len(tasks)} tasks accepted" in done.stdout
+    # A wrong arm is refused at the edge with one line, before any host starts.
+    bad = cli("--arm", '{"backend": "drums", "url": "embedded"}')
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1].endswith(
+        "argument --arm: arm: 'mode' is a required property"
+    )
+    assert (
+        cli("--arm", "{backend: qemu}")
+        .stderr.splitlines()[-1]
+        .startswith("python -m envs.tasks.validate: error: argument --arm: not JSON")
+    )
+    assert cli("--arm", '{"backend": "qemu"}', "--embedded", "fork").returncode == 2  # one place
+
+
+def test_the_cli_flags_map_to_arms():
+    with open_backend() as backend:
+        assert isinstance(backend, LocalBackend)
+    with (
+        pytest.raises(ArmError, match="^arm: 'mode' is a required property$"),
+        open_backend(url="embedded"),
+    ):
+        pass

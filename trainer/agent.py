@@ -6,9 +6,9 @@ evaluation (eval/) all import this module, so every stage renders the same promp
 the same message for a tool result. Changing the recipe (tool set, prompt wording, action mapping)
 is an edit here and nowhere else; the code pins then make it a new frozen experiment.
 
-- `TOOLS`: plain functions with Google-style docstrings, which is what
-  `apply_chat_template(tools=...)` and TRL turn into JSON schemas. Their bodies never run: the
-  environment calls `action_for(name, arguments)` and steps its session instead.
+- `ToolSet` (`tool_set(name)`): the tools, plain functions with Google-style docstrings, which is
+  what `apply_chat_template(tools=...)` and TRL turn into JSON schemas. Their bodies never run:
+  a stage calls `tools.action_for(name, arguments)` and steps its session instead.
 - `task_prompt(task, screenshot)`: the conversation a task starts with (instruction + first
   screenshot), exactly as TRL builds it from a `dataset_row` (`prepare_multimodal_messages`).
 - `tool_message(name, screenshot)`: the message a tool result becomes, exactly as TRL appends it
@@ -18,7 +18,8 @@ is an edit here and nowhere else; the code pins then make it a new frozen experi
 """
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from PIL import Image
 
@@ -82,17 +83,57 @@ def fail():
     """Declare the task impossible to finish."""
 
 
-# The tool sets. "computer_13" covers every family; "click" (click and done) covers the
-# single-click families (click_button, also in the templated layout) and renders a system prompt
-# about a third as long, which makes each generation and training step on the tiny CPU model that
-# much cheaper. A run picks one with `use_tool_set(config training.tools)` before anything renders
-# a prompt; every stage then reads TOOLS, so all of them show the policy the same tools.
+@dataclass(frozen=True)
+class ToolSet:
+    """The tools a run shows its policy, a value passed to every stage that renders a prompt or
+    plays a call. Kept in name order: TRL lists an environment's tool methods by name
+    (`inspect.getmembers`), so the evaluation and the warm start render them in the same order."""
+
+    name: str
+    tools: tuple[Callable, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "tools", tuple(sorted(self.tools, key=lambda t: t.__name__)))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(tool.__name__ for tool in self.tools)
+
+    def action_for(self, name: str, arguments: Mapping | None) -> dict:
+        """The computer_13 action of one tool call; ValueError (one line) for a wrong call."""
+        tool = next((t for t in self.tools if t.__name__ == name), None)
+        if tool is None:
+            raise ValueError(f"unknown tool {name!r}; tools: {', '.join(self.names)}")
+        arguments = dict(arguments or {})
+        expected = tool.__annotations__
+        if missing := sorted(set(expected) - set(arguments)):
+            raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}")
+        if extra := sorted(set(arguments) - set(expected)):
+            raise ValueError(f"{name}: unexpected argument(s) {', '.join(extra)}")
+        for arg, typ in expected.items():
+            value = arguments[arg]
+            if not isinstance(value, typ) or isinstance(value, bool):  # True is an int in Python
+                raise ValueError(f"{name}: {arg} must be {typ.__name__}, got {value!r}")
+        return check_action(_ACTIONS[name](**arguments))
+
+
+# "computer_13" covers every family; "click" (click and done) covers the single-click families
+# (click_button, also in the templated layout) and renders a system prompt about a third as long,
+# which makes each generation and training step on the tiny CPU model that much cheaper.
 TOOL_SETS = {
-    "computer_13": (click, double_click, type_text, press, scroll, done, fail),
-    "click": (click, done),
+    "computer_13": ToolSet(
+        "computer_13", (click, double_click, type_text, press, scroll, done, fail)
+    ),
+    "click": ToolSet("click", (click, done)),
 }
 DEFAULT_TOOL_SET = "computer_13"
-TOOLS = list(TOOL_SETS[DEFAULT_TOOL_SET])
+
+
+def tool_set(name: str) -> ToolSet:
+    """The tool set config training.tools names; ValueError for an unknown name."""
+    if name not in TOOL_SETS:
+        raise ValueError(f"unknown tool set {name!r}; tool sets: {', '.join(TOOL_SETS)}")
+    return TOOL_SETS[name]
 
 
 def _to_action(kind: str, **parameters) -> dict:
@@ -109,37 +150,7 @@ _ACTIONS = {
     "done": lambda: _to_action("DONE"),
     "fail": lambda: _to_action("FAIL"),
 }
-_BY_NAME = {tool.__name__: tool for tool in TOOLS}
-_ALL = {tool.__name__ for tools in TOOL_SETS.values() for tool in tools}
-assert set(_ACTIONS) == _ALL, "every tool needs exactly one action mapping"
-
-
-def use_tool_set(name: str) -> None:
-    """Make `name` the tool set of this process (TOOLS is updated in place, so every module that
-    imported it sees the change); ValueError for an unknown name."""
-    if name not in TOOL_SETS:
-        raise ValueError(f"unknown tool set {name!r}; tool sets: {', '.join(TOOL_SETS)}")
-    TOOLS[:] = TOOL_SETS[name]
-    _BY_NAME.clear()
-    _BY_NAME.update({tool.__name__: tool for tool in TOOLS})
-
-
-def action_for(name: str, arguments: Mapping | None) -> dict:
-    """The computer_13 action of one tool call; ValueError (one line) for a call that is wrong."""
-    tool = _BY_NAME.get(name)
-    if tool is None:
-        raise ValueError(f"unknown tool {name!r}; tools: {', '.join(_BY_NAME)}")
-    arguments = dict(arguments or {})
-    expected = tool.__annotations__
-    if missing := sorted(set(expected) - set(arguments)):
-        raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}")
-    if extra := sorted(set(arguments) - set(expected)):
-        raise ValueError(f"{name}: unexpected argument(s) {', '.join(extra)}")
-    for arg, typ in expected.items():
-        value = arguments[arg]
-        if not isinstance(value, typ) or isinstance(value, bool):  # True is an int in Python
-            raise ValueError(f"{name}: {arg} must be {typ.__name__}, got {value!r}")
-    return check_action(_ACTIONS[name](**arguments))
+assert set(_ACTIONS) == set(TOOL_SETS["computer_13"].names), "one action mapping per tool"
 
 
 # --- decoding -------------------------------------------------------------------------------------
@@ -222,9 +233,9 @@ def assistant_call(name: str, arguments: Mapping) -> dict:
     }
 
 
-def call_for(action: Mapping) -> tuple[str, dict]:
-    """The tool call that performs a computer_13 action (the inverse of `action_for`), for turning
-    oracle solutions into demonstrations."""
+def call_for(action: Mapping, tools: ToolSet) -> tuple[str, dict]:
+    """The tool call of `tools` that performs a computer_13 action (the inverse of
+    `ToolSet.action_for`), for turning oracle solutions into demonstrations."""
     action = check_action(action)
     p = action["parameters"]
     kind = action["action_type"]
@@ -238,7 +249,7 @@ def call_for(action: Mapping) -> tuple[str, dict]:
         call = ("scroll", {"x": p.get("x"), "y": p.get("y"), "dy": p["dy"]})
     else:
         call = (kind.lower(), {})
-    if action_for(*call) != action:  # e.g. a CLICK with a button or a SCROLL with dx
+    if tools.action_for(*call) != action:  # e.g. a CLICK with a button or a SCROLL with dx
         raise ValueError(f"{kind}: no tool call reproduces this action exactly")
     return call
 

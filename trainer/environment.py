@@ -6,9 +6,10 @@ TRL makes one instance per completion and calls, per GRPO step:
     <tool>(**args)    whenever the model emits a tool call (the public methods are the tools);
     get_reward()      once per completion, after generation: the verifier's score, or None.
 
-The tools are made from `trainer.agent.TOOLS` (same names, signatures and docstrings, so the
-schema TRL renders is the one the evaluation renders); each maps its call to a computer_13 action
-(`agent.action_for`), steps the session and returns the new screenshot as an image block.
+The tools are the run's tool set (`trainer.agent.ToolSet`: same names, signatures and
+docstrings, so the schema TRL renders is the one the evaluation renders); each maps its call to a
+computer_13 action (`ToolSet.action_for`), steps the session and returns the new screenshot as an
+image block.
 
 Three outcomes, never two: an attempt whose environment failed a gate (at start, on a step, or in
 the verifier) is *invalid*: `get_reward()` returns None, which TRL leaves out of the group's mean
@@ -28,11 +29,9 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from envab.receipts import utc_now
-from envs.drums import EMBEDDED, connect
 from envs.protocol import Gate, Session, Verification
 from trainer import agent
 from trainer.accounting import Attempt, Ledger
@@ -90,6 +89,7 @@ class Run:
     guard: HeldoutGuard
     ledger: Ledger
     groups: ForkGroups
+    tools: agent.ToolSet
     max_turns: int
     clock: GenerationClock = field(default_factory=GenerationClock)
     step: int = 0  # the GRPO step being generated (set by the trainer's callback)
@@ -108,7 +108,7 @@ class Episode:
 
 
 class ArmEnvironment:
-    """One completion's environment; `environment_class()` adds the tools from `agent.TOOLS`."""
+    """One completion's environment; `environment_class(tools)` adds the tools as methods."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -143,7 +143,7 @@ class ArmEnvironment:
         ep.turns += 1
         ep.over = ep.turns >= self.run.max_turns
         try:
-            action = agent.action_for(name, arguments)
+            action = self.run.tools.action_for(name, arguments)
         except ValueError as e:  # the policy's mistake, not the environment's: nothing happens
             return agent.tool_result(note=f"Refused: {e}")
         t0 = time.monotonic()
@@ -197,7 +197,13 @@ class ArmEnvironment:
 
 def _tool_method(tool: Callable) -> Callable:
     """A method that performs `tool` and presents exactly its schema: TRL reads the name,
-    signature, type hints and docstring of each public method to render the tool list."""
+    signature, type hints and docstring of each public method to render the tool list.
+
+    The method takes any keyword arguments and presents the tool's signature: TRL calls a tool
+    with the arguments the model wrote, so a method with the tool's own signature would answer a
+    wrong call with TRL's `{"error": ...}` (a TypeError) instead of the "Refused: ..." note every
+    backend and the evaluation give, and the policy would read different text on different paths.
+    """
     name = tool.__name__
 
     def method(self, **arguments):
@@ -213,49 +219,18 @@ def _tool_method(tool: Callable) -> Callable:
     return method
 
 
-def environment_class() -> type[ArmEnvironment]:
-    """ArmEnvironment with one public method per tool of the run's tool set (agent.TOOLS, as
-    `agent.use_tool_set` left it): those methods are all TRL sees as tools."""
-    methods = {tool.__name__: _tool_method(tool) for tool in agent.TOOLS}
+def environment_class(tools: agent.ToolSet) -> type[ArmEnvironment]:
+    """ArmEnvironment with one public method per tool of `tools`: all TRL sees as tools."""
+    methods = {tool.__name__: _tool_method(tool) for tool in tools.tools}
     return type("ArmEnvironment", (ArmEnvironment,), methods)
 
 
 def environment_factory(run: Run) -> Callable[[], ArmEnvironment]:
     """What GRPOTrainer(environment_factory=...) calls once per concurrent completion."""
-    cls = environment_class()
+    cls = environment_class(run.tools)
     return lambda: cls(run)
 
 
 def expected_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:
     """The digest of each task's pre-rendered first screenshot (the one its prompt carries)."""
     return {tid: agent.screenshot_sha256(agent.first_screenshot(t)) for tid, t in tasks.items()}
-
-
-@contextmanager
-def open_arm(arm_config: Mapping, *, log_path: str | None = None, allow_faults: bool = False):
-    """The backend an arm's pinned config names. `allow_faults` starts the embedded host with its
-    fault switches on (tests and reliability runs); a real host is never asked to inject faults."""
-    backend, url = arm_config["backend"], arm_config.get("url")
-    if backend == "qemu":
-        if allow_faults:
-            raise GuardError("fault injection is a switch of the embedded host, not of a VM pool")
-        from envs.qemu import QemuConfig, QemuPool
-
-        with QemuPool(QemuConfig.from_arm(arm_config)) as pool:
-            yield pool
-        return
-    if backend != "drums" or not url:
-        raise GuardError(
-            f"arm backend {backend!r} (url {url!r}) is not wired into the trainer yet; "
-            "only drums arms (a drumsd URL or 'embedded') are"
-        )
-    if url != EMBEDDED and allow_faults:
-        raise GuardError("fault injection needs the embedded host (url: embedded)")
-    with connect(
-        url,
-        mode=arm_config.get("mode"),
-        token_file=arm_config.get("token_file"),
-        log_path=log_path,
-        allow_faults=allow_faults,
-    ) as arm:
-        yield arm

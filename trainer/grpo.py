@@ -1,24 +1,28 @@
 """GRPO training of one (arm, seed) run against the arm's environment, with exact accounting.
 
-    python -m trainer.grpo --target preregistration/target.yaml \
+    python -m trainer.grpo --target preregistration/target.yaml --receipts receipts/<exp>/*.json \
         --pins results/<exp>/<arm>/seed<k>/pins.json --model results/<exp>/sft/model \
-        --out results/<exp>/<arm>/seed<k>
+        --train results/<exp>/tasks/train.jsonl --trajectories .../trajectories.jsonl \
+        --checkpoint-records .../checkpoints.jsonl --checkpoints .../checkpoints --run .../run.json
 
-Reads top to bottom in the order a run happens:
+Reads top to bottom in the order a run happens, one short function a step:
 
-1. guards: the target is frozen and unedited, the freeze receipts verify, the frozen code is the
-   code running, the run's pins match the receipts, no held-out id is in the training data;
-2. seeding, then the dataset: one row per training task with its first screenshot pre-rendered;
-3. the arm's backend, the fork-group layer and the ledger (trainer/accounting.py);
-4. TRL's GRPOTrainer with the environment (trainer/environment.py) and a callback that saves the
-   starting model as checkpoint valid-000000, starts the clock at the first step, saves a
-   checkpoint every N valid trajectories and stops at the budget;
-5. run.json: the final counters, the stop reason, when the run started and when it was frozen.
+1. `check_inputs`: the target is frozen and unedited, the freeze receipts verify, the frozen code
+   is the code running, the run's pins match the receipts, no held-out id is in the training data;
+2. `open_ledger`: the record files, empty, and the counters (trainer/accounting.py);
+3. `build_trainer`: seeding, the dataset (one row per training task with its first screenshot
+   pre-rendered), the checked model, the arm's fork-group layer and TRL's GRPOTrainer with the
+   environment (trainer/environment.py) and the `Accounting` callback, which saves the starting
+   model as checkpoint valid-000000, starts the clock at the first step, saves a checkpoint every
+   N valid trajectories and stops at the budget;
+4. `run`: trainer.train() with the arm open;
+5. `write_record`: run.json, the final counters, the stop reason, when the run started and when
+   it was frozen.
 
-Settings come from the run's pins (`training.grpo`, frozen with the run), the checkpoint interval
-and the budget from the frozen target. The GPU path (`--device cuda`: vLLM in server mode, pinned
-to 0.30-0.31, optional LoRA through peft, launched with `accelerate launch -m trainer.grpo ...`)
-is written but has never run: the machines this was built on have no GPU.
+Settings come from the run's pins (`training`, frozen with the run), the checkpoint interval and
+the budget from the frozen pre-registration. The GPU path (`--device cuda`: vLLM in server mode,
+pinned to 0.30-0.31, optional LoRA through peft, launched with `accelerate launch -m trainer.grpo
+...`) is written but has never run: the machines this was built on have no GPU.
 """
 
 from __future__ import annotations
@@ -33,27 +37,40 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from tqdm import tqdm
+from transformers import TrainerCallback, set_seed
+from trl import GRPOConfig, GRPOTrainer
+
 from envab import preregistration
-from envab.config import ConfigError
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
-from envab.receipts import read_receipt, receipt_dir, utc_now
+from envab.preregistration import Budget, Preregistration
+from envab.receipts import Receipts, utc_now
+from envab.schema import ConfigError
+from envs.arms import ArmError, open_arm
 from trainer import agent
 from trainer.accounting import Ledger, Prices
+from trainer.environment import GenerationClock, Run, environment_factory
+from trainer.forkgroups import ForkGroups
 from trainer.guards import (
     GuardError,
     HeldoutGuard,
     check_code,
     check_pins,
     check_receipts,
+    check_split_file,
     heldout_ids,
 )
-from trainer.model import ModelPinError
+from trainer.model import ModelPinError, load_checked
 
 log = logging.getLogger("trainer.grpo")
 
 VLLM_RANGE = ((0, 30), (0, 32))  # trl 1.16 supports vLLM >= 0.30, < 0.32
 FAULT_PLAN_ENV = "ENVAB_FAULT_PLAN"  # tests and reliability runs: a JSON file of host faults
+START_CHECKPOINT = "valid-000000"  # the model before the first update
 
 
 @dataclass(frozen=True)
@@ -74,43 +91,72 @@ class GrpoSettings:
 
 
 @dataclass(frozen=True)
-class Budget:
-    max_wall_clock_s: float
-    max_valid_trajectories: int
+class Outputs:
+    """What the run writes; each path is given by the rule."""
+
+    trajectories: Path
+    checkpoint_records: Path
+    checkpoints: Path  # one folder per saved checkpoint
+    run: Path
 
 
-# --- 1. guards -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunInputs:
+    """Everything a run is made of, checked before anything is loaded or started."""
+
+    prereg: Preregistration
+    receipts: Receipts
+    pins: dict
+    arm: str
+    seed: int
+    settings: GrpoSettings
+    tools: agent.ToolSet
+    tasks: dict[str, dict]  # training tasks by id
+    guard: HeldoutGuard
+    faults: dict[int, dict]
+    fault_plan_sha256: str | None
 
 
-def model_manifest_for(model_dir: Path, receipts: Path) -> dict[str, str]:
-    """The sha256 manifest the model folder must match: the SFT receipt's when the folder is the
-    warm start's output, else the frozen model receipt's."""
-    for name in ("sft.json", "model.json"):
-        path = receipts / name
-        if path.is_file():
-            predicate = read_receipt(path)["predicate"]
-            if Path(predicate["directory"]) == model_dir:
-                return predicate["files"]
-    raise GuardError(f"model folder {model_dir} is neither the frozen model nor the SFT output")
+# --- 1. check inputs -----------------------------------------------------------------------------
 
 
-def load_checked(model_dir: Path, receipts: Path):
-    """(model, processor), after checking the folder's files against their receipt."""
-    from trainer.model import ModelPinError, load, manifest_problems, model_manifest
-
-    actual = model_manifest(model_dir)
-    problems = manifest_problems(actual, model_manifest_for(model_dir, receipts))
-    if any(problems.values()):
-        named = "; ".join(f"{kind}: {', '.join(p)}" for kind, p in problems.items() if p)
-        raise ModelPinError(f"model folder {model_dir} does not match its receipt ({named})")
-    return load(model_dir)
-
-
-def first_step_after_freeze(started_utc: str, frozen_utc: str) -> None:
-    if started_utc <= frozen_utc:  # both ISO 8601 UTC with a Z: string order is time order
+def check_inputs(args, outputs: Outputs) -> RunInputs:
+    receipts = Receipts(args.receipts)
+    prereg = preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    check_receipts(receipts)
+    check_code(receipts)
+    pins = check_pins(args.pins, receipts)
+    if pins["experiment_id"] != prereg.experiment_id:
+        raise GuardError(f"{args.pins} belongs to experiment {pins['experiment_id']!r}")
+    guard = HeldoutGuard(heldout_ids(receipts))
+    check_split_file(args.train, receipts, "train")
+    tasks = {t["id"]: t for t in read_jsonl(args.train)}
+    guard.check_dataset(tasks)
+    faults, fault_plan_sha256 = read_fault_plan()
+    if any(
+        p.is_file() and p.stat().st_size for p in (outputs.trajectories, outputs.checkpoint_records)
+    ) or (outputs.checkpoints.is_dir() and any(outputs.checkpoints.iterdir())):
         raise GuardError(
-            f"first training step at {started_utc} is not after the freeze at {frozen_utc}"
+            f"{outputs.run.parent} already holds training records; records are append-only, "
+            "so remove them (Snakemake does before a rerun) to train again"
         )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise GuardError("--device cuda but no CUDA device is visible")
+    if args.device == "cuda":
+        check_vllm()
+    return RunInputs(
+        prereg=prereg,
+        receipts=receipts,
+        pins=pins,
+        arm=pins["arm"],
+        seed=int(pins["seed"]),
+        settings=GrpoSettings(**pins["training"]["grpo"]),
+        tools=agent.tool_set(pins["training"]["tools"]),
+        tasks=tasks,
+        guard=guard,
+        faults=faults,
+        fault_plan_sha256=fault_plan_sha256,
+    )
 
 
 def read_fault_plan() -> tuple[dict[int, dict], str | None]:
@@ -128,48 +174,111 @@ def read_fault_plan() -> tuple[dict[int, dict], str | None]:
     return faults, sha256_file(path)
 
 
-# --- 4. the callback: clock, checkpoints, budget -----------------------------------------------
+def check_vllm() -> None:
+    try:
+        import vllm  # only on the GPU path, where it is installed
+    except ImportError:
+        raise GuardError("--device cuda needs vLLM 0.30-0.31 installed (server mode)") from None
+    version = tuple(int(p) for p in vllm.__version__.split(".")[:2])
+    if not VLLM_RANGE[0] <= version < VLLM_RANGE[1]:
+        raise GuardError(
+            f"vLLM {vllm.__version__} is outside the range trl 1.16 supports (0.30-0.31)"
+        )
 
 
-START_CHECKPOINT = "valid-000000"  # the model before the first update
+# --- 2. open the ledger --------------------------------------------------------------------------
 
 
-def make_callback(
-    run, ledger: Ledger, budget: Budget, checkpoints_dir: Path, frozen_utc: str, processor, progress
-):
-    from transformers import TrainerCallback
+def open_ledger(inputs: RunInputs, outputs: Outputs) -> Ledger:
+    """The counters and the two append-only record files, which exist from the start even when
+    no attempt or checkpoint comes due."""
+    prices = inputs.prereg.prices
+    ledger = Ledger(
+        trajectories_path=str(outputs.trajectories),
+        checkpoints_path=str(outputs.checkpoint_records),
+        arm=inputs.arm,
+        seed=inputs.seed,
+        checkpoint_interval=inputs.prereg.evaluation.checkpoint_interval,
+        prices=Prices(prices.host(inputs.arm), prices.inference_usd_per_hour),
+    )
+    outputs.checkpoints.mkdir(parents=True, exist_ok=True)
+    outputs.trajectories.touch()
+    outputs.checkpoint_records.touch()
+    return ledger
 
-    class Accounting(TrainerCallback):
-        """Starts the clock at the first step, checkpoints every N valid trajectories (after the
-        update that consumed them), and stops at whichever budget limit comes first."""
 
-        stop_reason: str | None = None
+# --- 3. build the trainer ------------------------------------------------------------------------
 
-        def on_step_begin(self, args, state, control, model=None, **kwargs):
-            if ledger.started is None:
-                files = save_checkpoint(model, processor, checkpoints_dir / START_CHECKPOINT)
-                ledger.record_checkpoint(START_CHECKPOINT, 0, files)
-                ledger.start()
-                first_step_after_freeze(ledger.started_utc, frozen_utc)
-            run.step = state.global_step + 1
 
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            progress.update(ledger.valid - progress.n)
-            progress.set_postfix(invalid=ledger.invalid, step=state.global_step)
-            while ledger.checkpoint_due():
-                name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
-                files = save_checkpoint(model, processor, checkpoints_dir / name)
-                record = ledger.record_checkpoint(name, state.global_step, files)
-                log.info(
-                    "checkpoint %s at %d valid trajectories", name, record["valid_trajectories"]
-                )
-            self.stop_reason = ledger.stop_reason(
-                budget.max_wall_clock_s, budget.max_valid_trajectories
-            )
-            if self.stop_reason:
-                control.should_training_stop = True
+@dataclass(frozen=True)
+class Prepared:
+    """The seeded dataset and the checked starting model."""
 
-    return Accounting()
+    dataset: Dataset
+    first_screens: dict[str, str]  # task id -> digest of the screenshot its prompt carries
+    model: object
+    processor: object
+
+
+def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
+    """Seed, then build the dataset (each training task with its pre-rendered first screenshot)
+    and load the model checked against its receipt; in this order, which fixes the draws."""
+    set_seed(inputs.seed)
+    rows, first_screens = agent.training_rows(inputs.tasks)
+    dataset = Dataset.from_list(rows)
+    model, processor = load_checked(model_dir, inputs.receipts)
+    return Prepared(dataset, first_screens, model, processor)
+
+
+class Accounting(TrainerCallback):
+    """Starts the clock at the first step, checkpoints every N valid trajectories (after the
+    update that consumed them), and stops at whichever budget limit comes first."""
+
+    def __init__(self, run: Run, budget: Budget, checkpoints: Path, frozen_utc: str, processor):
+        self.run, self.budget, self.checkpoints = run, budget, checkpoints
+        self.frozen_utc, self.processor = frozen_utc, processor
+        self.stop_reason: str | None = None
+        self.progress = tqdm(
+            total=budget.max_valid_trajectories,
+            desc=f"{run.ledger.arm} seed{run.ledger.seed} valid",
+            file=sys.stderr,
+            mininterval=0,
+            dynamic_ncols=False,
+            ascii=True,
+        )
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        ledger = self.run.ledger
+        if ledger.started is None:
+            self._save(model, START_CHECKPOINT, 0)
+            ledger.start()
+            first_step_after_freeze(ledger.started_utc, self.frozen_utc)
+        self.run.step = state.global_step + 1
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        ledger = self.run.ledger
+        self.progress.update(ledger.valid - self.progress.n)
+        self.progress.set_postfix(invalid=ledger.invalid, step=state.global_step)
+        while ledger.checkpoint_due():
+            name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
+            record = self._save(model, name, state.global_step)
+            log.info("checkpoint %s at %d valid trajectories", name, record["valid_trajectories"])
+        self.stop_reason = ledger.stop_reason(
+            self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
+        )
+        if self.stop_reason:
+            control.should_training_stop = True
+
+    def _save(self, model, name: str, step: int) -> dict:
+        files = save_checkpoint(model, self.processor, self.checkpoints / name)
+        return self.run.ledger.record_checkpoint(name, step, files)
+
+
+def first_step_after_freeze(started_utc: str, frozen_utc: str) -> None:
+    if started_utc <= frozen_utc:  # both ISO 8601 UTC with a Z: string order is time order
+        raise GuardError(
+            f"first training step at {started_utc} is not after the freeze at {frozen_utc}"
+        )
 
 
 def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
@@ -185,146 +294,51 @@ def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
     return file_manifest(path)
 
 
-# --- the run -------------------------------------------------------------------------------------
-
-
-def train(args) -> dict:
-    import torch
-    from datasets import Dataset
-    from tqdm import tqdm
-    from transformers import set_seed
-    from trl import GRPOTrainer
-
-    from trainer.environment import (
-        GenerationClock,
-        Run,
-        environment_factory,
-        open_arm,
+def build_trainer(
+    inputs: RunInputs,
+    prepared: Prepared,
+    ledger: Ledger,
+    groups: ForkGroups,
+    outputs: Outputs,
+    args,
+    scratch: Path,
+) -> tuple[GRPOTrainer, Accounting]:
+    """TRL's GRPOTrainer on the arm's fork groups, and its Accounting callback."""
+    settings = inputs.settings
+    run = Run(
+        tasks=inputs.tasks,
+        first_screens=prepared.first_screens,
+        guard=inputs.guard,
+        ledger=ledger,
+        groups=groups,
+        tools=inputs.tools,
+        max_turns=settings.max_turns,
+        clock=GenerationClock(),
     )
-    from trainer.forkgroups import ForkGroups
-
-    # 1. guards, before anything is loaded or started
-    target = preregistration.check_frozen(args.target)
-    receipts = receipt_dir(target.experiment_id)
-    check_receipts(receipts)
-    check_code(receipts)
-    pins = check_pins(args.pins, receipts)
-    if pins["experiment_id"] != target.experiment_id:
-        raise GuardError(f"{args.pins} belongs to experiment {pins['experiment_id']!r}")
-    guard = HeldoutGuard(heldout_ids(receipts))
-    split = read_receipt(receipts / "split.json")
-    train_path = Path(
-        next(s["name"] for s in split["subject"] if s["name"].endswith("train.jsonl"))
+    callback = Accounting(
+        run,
+        inputs.prereg.budget,
+        outputs.checkpoints,
+        preregistration.frozen_utc(inputs.receipts[preregistration.RECEIPT]),
+        prepared.processor,
     )
-    tasks = {t["id"]: t for t in read_jsonl(train_path)}
-    guard.check_dataset(tasks)
-    settings = GrpoSettings(**pins["training"]["grpo"])
-    agent.use_tool_set(pins["training"]["tools"])  # before the environment class is made
-    arm, seed = pins["arm"], int(pins["seed"])
-    budget = Budget(**target.raw["budget"])
-    faults, fault_plan_sha256 = read_fault_plan()
-    out = Path(args.out)
-    trajectories, checkpoints = out / "trajectories.jsonl", out / "checkpoints.jsonl"
-    saved = out / "checkpoints"
-    if any(p.is_file() and p.stat().st_size for p in (trajectories, checkpoints)) or (
-        saved.is_dir() and any(saved.iterdir())
-    ):
-        raise GuardError(
-            f"{out} already holds training records; records are append-only, "
-            "so remove them (Snakemake does before a rerun) to train again"
-        )
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise GuardError("--device cuda but no CUDA device is visible")
-    if args.device == "cuda":
-        check_vllm()
-
-    # 2. seeding, then the dataset: each training task with its pre-rendered first screenshot
-    set_seed(seed)
-    rows, first_screens = agent.training_rows(tasks)
-    dataset = Dataset.from_list(rows)
-    model, processor = load_checked(Path(args.model), receipts)
-
-    # 3. the arm, the fork-group layer, the ledger
-    prices = target.raw["prices"]
-    ledger = Ledger(
-        trajectories_path=str(trajectories),
-        checkpoints_path=str(checkpoints),
-        arm=arm,
-        seed=seed,
-        checkpoint_interval=int(target.raw["evaluation"]["checkpoint_interval"]),
-        prices=Prices(prices["host_usd_per_hour"][arm], prices["inference_usd_per_hour"]),
+    trainer = GRPOTrainer(
+        model=prepared.model,
+        processing_class=prepared.processor,
+        args=grpo_config(settings, inputs.seed, scratch, args, prepared.processor.tokenizer),
+        train_dataset=prepared.dataset,
+        environment_factory=environment_factory(run),
+        callbacks=[callback],
+        peft_config=lora_config(args.lora_r) if args.lora_r else None,
     )
-    # The outputs exist from the start, even when no attempt or checkpoint comes due.
-    saved.mkdir(parents=True, exist_ok=True)
-    trajectories.touch()
-    checkpoints.touch()
-    with open_arm(pins["arm_config"], log_path=args.host_log, allow_faults=bool(faults)) as backend:
-        groups = ForkGroups(backend, settings.num_generations, faults)
-        run = Run(
-            tasks, first_screens, guard, ledger, groups, settings.max_turns, GenerationClock()
-        )
-        progress = tqdm(
-            total=budget.max_valid_trajectories,
-            desc=f"{arm} seed{seed} valid",
-            file=sys.stderr,
-            mininterval=0,
-            dynamic_ncols=False,
-            ascii=True,
-        )
-        callback = make_callback(
-            run, ledger, budget, saved, preregistration.frozen_utc(target), processor, progress
-        )
-
-        # 4. TRL's trainer, with the settings that must not differ between arms taken from pins
-        config = grpo_config(settings, seed, out, args, processor.tokenizer)
-        trainer = GRPOTrainer(
-            model=model,
-            processing_class=processor,
-            args=config,
-            train_dataset=dataset,
-            environment_factory=environment_factory(run),
-            callbacks=[callback],
-            peft_config=lora_config(args.lora_r) if args.lora_r else None,
-        )
-        try:
-            trainer.train()
-        finally:
-            groups.close()
-            progress.close()
-        # What the arm is, beyond its config (a VM pool: acceleration, guest and snapshot digests).
-        environment = backend.describe() if hasattr(backend, "describe") else None
-
-    # 5. the run's record
-    record = {
-        "arm": arm,
-        "seed": seed,
-        "experiment_id": target.experiment_id,
-        **ledger.counters(),
-        "stop_reason": callback.stop_reason or "trainer_finished",
-        "steps": trainer.state.global_step,
-        "checkpoints": ledger.checkpoints,
-        "started_utc": ledger.started_utc,
-        "frozen_utc": preregistration.frozen_utc(target),
-        "ended_utc": utc_now(),
-        "model": Path(args.model).as_posix(),
-        "pins_sha256": sha256_file(args.pins),
-        "fault_plan_sha256": fault_plan_sha256,
-        "device": args.device,
-        "torch_threads": torch.get_num_threads(),
-        "environment": environment,
-    }
-    atomic_write_json(out / "run.json", record)
-    return record
+    return trainer, callback
 
 
-def grpo_config(settings: GrpoSettings, seed: int, out: Path, args, tokenizer):
-    from trl import GRPOConfig
-
-    from trainer.agent import turn_generation_kwargs
-
+def grpo_config(settings: GrpoSettings, seed: int, scratch: Path, args, tokenizer) -> GRPOConfig:
+    """TRL's settings; those that must not differ between arms come from the pins."""
     cpu = args.device == "cpu"
     return GRPOConfig(
-        output_dir=str(out / "trainer"),  # TRL's scratch; checkpoints are ours (save_strategy no)
+        output_dir=str(scratch),  # TRL's scratch; checkpoints are ours (save_strategy no)
         seed=seed,
         data_seed=seed,
         learning_rate=settings.learning_rate,
@@ -340,10 +354,9 @@ def grpo_config(settings: GrpoSettings, seed: int, out: Path, args, tokenizer):
         beta=settings.beta,
         # One tool call per turn (trainer/agent.py) on the transformers path; vLLM has no
         # sequence bias (see agent.turn_generation_kwargs).
-        generation_kwargs=turn_generation_kwargs(tokenizer) if cpu else None,
-        # Every completion keeps its gradient, a truncated one included: masking truncation
-        # made running to the length limit a shelter from negative advantages, and the tiny
-        # policy drifted there (measured; README "Does it learn?").
+        generation_kwargs=agent.turn_generation_kwargs(tokenizer) if cpu else None,
+        # Every completion keeps its gradient, a truncated one included: masking truncation made
+        # running to the length limit a shelter from negative advantages (README "Does it learn?").
         mask_truncated_completions=False,
         use_cpu=cpu,
         bf16=not cpu,
@@ -360,24 +373,77 @@ def grpo_config(settings: GrpoSettings, seed: int, out: Path, args, tokenizer):
     )
 
 
-def lora_config(rank: int):
-    from peft import LoraConfig
-
+def lora_config(rank: int) -> LoraConfig:
     return LoraConfig(
         r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"
     )
 
 
-def check_vllm() -> None:
-    try:
-        import vllm
-    except ImportError:
-        raise GuardError("--device cuda needs vLLM 0.30-0.31 installed (server mode)") from None
-    version = tuple(int(p) for p in vllm.__version__.split(".")[:2])
-    if not VLLM_RANGE[0] <= version < VLLM_RANGE[1]:
-        raise GuardError(
-            f"vLLM {vllm.__version__} is outside the range trl 1.16 supports (0.30-0.31)"
+# --- 4. run --------------------------------------------------------------------------------------
+
+
+def train(args) -> dict:
+    outputs = Outputs(
+        Path(args.trajectories),
+        Path(args.checkpoint_records),
+        Path(args.checkpoints),
+        Path(args.run),
+    )
+    inputs = check_inputs(args, outputs)
+    ledger = open_ledger(inputs, outputs)
+    prepared = prepare(inputs, args.model)
+    with (
+        open_arm(
+            inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
+        ) as backend,
+        tempfile.TemporaryDirectory(prefix="trl-") as scratch,
+    ):
+        groups = ForkGroups(backend, inputs.settings.num_generations, inputs.faults)
+        trainer, callback = build_trainer(
+            inputs, prepared, ledger, groups, outputs, args, Path(scratch)
         )
+        try:
+            trainer.train()
+        finally:
+            groups.close()
+            callback.progress.close()
+        # What the arm is, beyond its config (a VM pool: acceleration, guest and snapshot digests).
+        environment = backend.describe() if hasattr(backend, "describe") else None
+    return write_record(inputs, ledger, trainer, callback, environment, args, outputs)
+
+
+# --- 5. write the record -------------------------------------------------------------------------
+
+
+def write_record(
+    inputs: RunInputs,
+    ledger: Ledger,
+    trainer,
+    callback: Accounting,
+    environment,
+    args,
+    outputs: Outputs,
+) -> dict:
+    record = {
+        "arm": inputs.arm,
+        "seed": inputs.seed,
+        "experiment_id": inputs.prereg.experiment_id,
+        **ledger.counters(),
+        "stop_reason": callback.stop_reason or "trainer_finished",
+        "steps": trainer.state.global_step,
+        "checkpoints": ledger.checkpoints,
+        "started_utc": ledger.started_utc,
+        "frozen_utc": preregistration.frozen_utc(inputs.receipts[preregistration.RECEIPT]),
+        "ended_utc": utc_now(),
+        "model": Path(args.model).as_posix(),
+        "pins_sha256": sha256_file(args.pins),
+        "fault_plan_sha256": inputs.fault_plan_sha256,
+        "device": args.device,
+        "torch_threads": torch.get_num_threads(),
+        "environment": environment,
+    }
+    atomic_write_json(outputs.run, record)
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,9 +451,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m trainer.grpo", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
+    parser.add_argument(
+        "--receipts", nargs="+", required=True, help="the freeze (and SFT) receipts"
+    )
     parser.add_argument("--pins", required=True, help="results/<exp>/<arm>/seed<k>/pins.json")
     parser.add_argument("--model", required=True, help="the SFT output, or the pinned model")
-    parser.add_argument("--out", required=True, help="results/<exp>/<arm>/seed<k>")
+    parser.add_argument("--train", required=True, help="the training split (train.jsonl)")
+    parser.add_argument("--trajectories", required=True, help="writes: every attempt, JSONL")
+    parser.add_argument("--checkpoint-records", required=True, help="writes: checkpoints.jsonl")
+    parser.add_argument("--checkpoints", required=True, help="writes: one folder per checkpoint")
+    parser.add_argument("--run", required=True, help="writes: run.json, the final record")
     parser.add_argument("--host-log", help="where an embedded host writes its log")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -401,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     try:
         record = train(args)
-    except (GuardError, ConfigError, ModelPinError) as e:
+    except (GuardError, ConfigError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(

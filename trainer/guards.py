@@ -15,24 +15,24 @@ from pathlib import Path
 
 from envab import codepins
 from envab.hashing import sha256_file
-from envab.receipts import read_receipt
-from envab.verify import verify_dir
+from envab.receipts import Receipts, read_receipt
+from envab.verify import verify_receipts
 
 
 class GuardError(RuntimeError):
     """A reason to refuse the run; the message is one line."""
 
 
-def check_receipts(receipts: str | Path, root: str | Path = ".") -> None:
-    failed = [c for c in verify_dir(receipts, root) if not c.ok]
+def check_receipts(receipts: Receipts, root: str | Path = ".") -> None:
+    failed = [c for c in verify_receipts(receipts.paths, root) if not c.ok]
     if failed:
         named = ", ".join(f"{c.status} {c.path}" for c in failed[:5])
-        raise GuardError(f"the freeze receipts in {receipts} do not verify ({named})")
+        raise GuardError(f"the freeze receipts do not verify ({named})")
 
 
-def check_code(receipts: str | Path, root: str | Path = ".") -> None:
+def check_code(receipts: Receipts, root: str | Path = ".") -> None:
     """Re-expand the frozen glob patterns: an edited, removed or added file is refused."""
-    predicate = read_receipt(Path(receipts) / "code.json")["predicate"]
+    predicate = read_receipt(receipts["code.json"])["predicate"]
     try:
         now = codepins.pin_groups(predicate["patterns"], root)
     except FileNotFoundError as e:
@@ -49,20 +49,26 @@ def check_code(receipts: str | Path, root: str | Path = ".") -> None:
         )
 
 
-def check_pins(pins_path: str | Path, receipts: str | Path) -> dict:
+def check_pins(pins_path: str | Path, receipts: Receipts) -> dict:
     pins = json.loads(Path(pins_path).read_text())
     drift = sorted(
-        name
-        for name, digest in pins["receipts"].items()
-        if sha256_file(Path(receipts) / name) != digest
+        name for name, digest in pins["receipts"].items() if sha256_file(receipts[name]) != digest
     )
     if drift:
         raise GuardError(f"{pins_path} was pinned to other receipts than these: {drift}")
     return pins
 
 
-def heldout_ids(receipts: str | Path) -> frozenset[str]:
-    split = read_receipt(Path(receipts) / "split.json")["predicate"]
+def check_split_file(path: str | Path, receipts: Receipts, side: str = "train") -> None:
+    """`path` must be the frozen split's `side` file, byte for byte."""
+    split = read_receipt(receipts["split.json"])
+    frozen = next(s for s in split["subject"] if s["name"].endswith(f"{side}.jsonl"))
+    if sha256_file(path) != frozen["digest"]["sha256"]:
+        raise GuardError(f"{path} is not the frozen {side} split ({frozen['name']})")
+
+
+def heldout_ids(receipts: Receipts) -> frozenset[str]:
+    split = read_receipt(receipts["split.json"])["predicate"]
     return frozenset(t["id"] for t in split["heldout"])
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from envab.hashing import aggregate_digest, file_manifest, sha256_file
 from envab.io import read_jsonl
+from envab.receipts import Receipts, read_receipt
 from trainer.tiny_model import SOURCE as BUILTIN_TINY
 from trainer.tiny_model import TinySpec
 
@@ -298,6 +299,22 @@ def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: s
     ).eval()
     processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
     return model, processor
+
+
+def model_manifest_for(model_dir: Path, receipts: Receipts) -> dict[str, str]:
+    """The sha256 manifest a model folder must match: the warm start's receipt's when the folder
+    is the warm start's output, else the frozen model receipt's."""
+    for name in ("sft.json", "model.json"):
+        if name in receipts:
+            predicate = read_receipt(receipts[name])["predicate"]
+            if Path(predicate["directory"]) == Path(model_dir):
+                return predicate["files"]
+    raise ModelPinError(f"model folder {model_dir} is neither the frozen model nor the SFT output")
+
+
+def load_checked(model_dir: str | Path, receipts: Receipts):
+    """(model, processor), after checking the folder's files against their receipt."""
+    return load(model_dir, expected=model_manifest_for(Path(model_dir), receipts))
 
 
 # --- pinning a hub repository --------------------------------------------------------------------

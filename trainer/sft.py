@@ -1,9 +1,10 @@
 """SFT warm start: TRL's SFTTrainer on oracle demonstrations of TRAINING tasks only.
 
-    python -m trainer.sft --target preregistration/target.yaml --model results/<exp>/model \
-        --tasks results/<exp>/tasks/train.jsonl --solutions results/<exp>/tasks/solutions.jsonl \
+    python -m trainer.sft --target preregistration/target.yaml --receipts receipts/<exp>/*.json \
+        --model results/<exp>/model --tasks results/<exp>/tasks/train.jsonl \
+        --solutions results/<exp>/tasks/solutions.jsonl --tools click \
         --settings '{"enabled": true, "steps": 200, "batch_size": 16, "learning_rate": 0.003}' \
-        --out results/<exp>/sft/model
+        --out results/<exp>/sft/model --receipt receipts/<exp>/sft.json
 
 Run once and shared by every arm and seed (it never touches an environment). Each demonstration
 is one training task played by its oracle actions in-process on the embedded desktop, written in
@@ -25,44 +26,58 @@ import sys
 import tempfile
 from pathlib import Path
 
+from datasets import Dataset
+from transformers import set_seed
+from trl import SFTConfig, SFTTrainer
+from trl.chat_template_utils import get_training_chat_template
+from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
 from envab import preregistration
-from envab.config import ConfigError
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
-from envab.receipts import receipt_dir, subject, write_receipt
+from envab.receipts import Receipts, subject, write_receipt
+from envab.schema import ConfigError
 from envs.desktop import Desktop, screen_of
 from trainer import agent
-from trainer.guards import GuardError, HeldoutGuard, check_code, check_receipts, heldout_ids
-from trainer.model import ModelPinError
+from trainer.guards import (
+    GuardError,
+    HeldoutGuard,
+    check_code,
+    check_receipts,
+    check_split_file,
+    heldout_ids,
+)
+from trainer.model import ModelPinError, load_checked
 
 log = logging.getLogger("trainer.sft")
-FREEZE_RECEIPTS = ("preregistration.json", "split.json", "code.json", "model.json")
 
 
-def demonstration(task: dict, oracle: list[dict]) -> list[dict]:
+def demonstration(task: dict, oracle: list[dict], tools: agent.ToolSet) -> list[dict]:
     """One task solved by its oracle, as the conversation the policy would have had."""
     desktop = Desktop(*screen_of(task["config"]))
     desktop.setup(task["config"])
     messages = agent.task_prompt(task, desktop.screenshot().convert("RGB"))
     for action in oracle:
-        name, arguments = agent.call_for(action)
-        desktop.apply(agent.action_for(name, arguments))
+        name, arguments = agent.call_for(action, tools)
+        desktop.apply(tools.action_for(name, arguments))
         messages.append(agent.assistant_call(name, arguments))
         messages.append(agent.tool_message(name, desktop.screenshot().convert("RGB")))
     messages.append(agent.assistant_call("done", {}))
     return messages
 
 
-def demonstrations(tasks: list[dict], solutions: dict[str, dict], guard: HeldoutGuard) -> dict:
+def demonstrations(
+    tasks: list[dict], solutions: dict[str, dict], guard: HeldoutGuard, tools: agent.ToolSet
+) -> dict:
     """Task id -> its demonstration, for training tasks only."""
     guard.check_dataset(t["id"] for t in tasks)
     missing = sorted(t["id"] for t in tasks if t["id"] not in solutions)
     if missing:
         raise GuardError(f"no oracle solution for training task(s) {missing[:5]}")
-    return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"]) for t in tasks}
+    return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"], tools) for t in tasks}
 
 
-def demonstration_collator(processor, demos: dict):
+def demonstration_collator(processor, demos: dict, tools: agent.ToolSet):
     """TRL's vision collator, fed each row's whole conversation by task id.
 
     The conversations cannot live in the Arrow dataset: Arrow unifies content blocks into one
@@ -70,8 +85,6 @@ def demonstration_collator(processor, demos: dict):
     TRL's collator fills a row's `images` into user turns only, never into tool results. So the
     dataset holds task ids, and the screenshots stay inside their messages (`images` empty).
     """
-    from trl.chat_template_utils import get_training_chat_template
-    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
     class DemonstrationCollator(DataCollatorForVisionLanguageModeling):
         def torch_call(self, examples):
@@ -81,7 +94,7 @@ def demonstration_collator(processor, demos: dict):
     # Loss on the assistant turns only (the tool calls), through TRL's training template, which
     # marks them with {% generation %}.
     return DemonstrationCollator(
-        processor=WithTools(processor),
+        processor=WithTools(processor, tools),
         assistant_only_loss=True,
         chat_template=get_training_chat_template(processor),
     )
@@ -92,40 +105,34 @@ class WithTools:
     passes no `tools`, so without this the warm start would learn from a prompt without the tool
     descriptions, shorter than the one GRPO and the held-out evaluation render."""
 
-    def __init__(self, processor):
+    def __init__(self, processor, tools: agent.ToolSet):
         self._processor = processor
+        self._tools = list(tools.tools)
 
     def __getattr__(self, name):
         return getattr(self._processor, name)
 
     def apply_chat_template(self, conversation, **kwargs):
-        from trainer.agent import TOOLS
-
-        return self._processor.apply_chat_template(conversation, tools=TOOLS, **kwargs)
+        return self._processor.apply_chat_template(conversation, tools=self._tools, **kwargs)
 
 
 def train(args) -> dict:
-    from datasets import Dataset
-    from transformers import set_seed
-    from trl import SFTConfig, SFTTrainer
-
-    from trainer.grpo import load_checked
-
-    target = preregistration.check_frozen(args.target)
-    receipts = receipt_dir(target.experiment_id)
+    receipts = Receipts(args.receipts)
+    preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
     check_receipts(receipts)
     check_code(receipts)
     settings = json.loads(args.settings)
-    agent.use_tool_set(args.tools)
+    tools = agent.tool_set(args.tools)
     if not settings.get("enabled"):
         raise GuardError("training.sft.enabled is false: the pinned model is used as it is")
     guard = HeldoutGuard(heldout_ids(receipts))
+    check_split_file(args.tasks, receipts, "train")
     tasks = list(read_jsonl(args.tasks))
     solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
-    demos = demonstrations(tasks, solutions, guard)
+    demos = demonstrations(tasks, solutions, guard, tools)
     dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
     set_seed(args.seed)
-    model, processor = load_checked(Path(args.model), receipts)
+    model, processor = load_checked(args.model, receipts)
 
     out = Path(args.out)
     if out.exists():
@@ -155,7 +162,7 @@ def train(args) -> dict:
             args=config,
             train_dataset=dataset,
             processing_class=processor,
-            data_collator=demonstration_collator(processor, demos),
+            data_collator=demonstration_collator(processor, demos, tools),
         )
         result = trainer.train()
         model_dir = scratch / "model"
@@ -167,7 +174,7 @@ def train(args) -> dict:
 
     files = file_manifest(out)
     write_receipt(
-        receipts / "sft.json",
+        args.receipt,
         "sft",
         subjects=[subject(out / path, digest) for path, digest in files.items()],
         predicate={
@@ -182,7 +189,7 @@ def train(args) -> dict:
             "task_ids": sorted(demos),
             "final_train_loss": result.training_loss,
         },
-        depends_on=[receipts / name for name in FREEZE_RECEIPTS],
+        depends_on=receipts.paths,
     )
     return {"demonstrations": len(demos), "steps": settings["steps"], "loss": result.training_loss}
 
@@ -192,13 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m trainer.sft", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
+    parser.add_argument("--receipts", nargs="+", required=True, help="the freeze receipts")
     parser.add_argument("--model", required=True, help="the pinned model folder")
     parser.add_argument("--tasks", required=True, help="the training split (train.jsonl)")
     parser.add_argument("--solutions", required=True, help="solutions.jsonl with oracle actions")
     parser.add_argument("--settings", required=True, help="training.sft from the config, as JSON")
-    parser.add_argument("--tools", default=agent.DEFAULT_TOOL_SET,
-                        choices=sorted(agent.TOOL_SETS), help="config training.tools")
+    parser.add_argument(
+        "--tools",
+        default=agent.DEFAULT_TOOL_SET,
+        choices=sorted(agent.TOOL_SETS),
+        help="config training.tools",
+    )
     parser.add_argument("--out", required=True, help="the warm-started model folder")
+    parser.add_argument("--receipt", required=True, help="writes: receipts/<exp>/sft.json")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)

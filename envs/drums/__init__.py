@@ -4,8 +4,17 @@ Exercised against the embedded host (`envs.host`) only; it has never been run ag
 drumsd. The wire format it speaks is the one documented in `envs.host`.
 """
 
-from envs.drums.client import ActionRejected, DrumsBackend, DrumsError, DrumsSession, read_token
+from envs.auth import read_token
+from envs.drums.client import DrumsBackend, DrumsError, DrumsSession
 from envs.drums.connect import EMBEDDED, connect
+from envs.protocol import ActionRejected
 
-__all__ = ["EMBEDDED", "ActionRejected", "DrumsBackend", "DrumsError", "DrumsSession", "connect",
-           "read_token"]
+__all__ = [
+    "EMBEDDED",
+    "ActionRejected",
+    "DrumsBackend",
+    "DrumsError",
+    "DrumsSession",
+    "connect",
+    "read_token",
+]

@@ -2,8 +2,8 @@
 
 Exercised against the embedded host (`envs.host`) only, never against a real drumsd.
 
-- The token comes from an argument, `DRUMS_TOKEN_FILE` or `DRUMS_TOKEN`; it lives in the request
-  headers only and is never logged, put in a repr or in an exception message.
+- The token comes from an argument, `DRUMS_TOKEN_FILE` or `DRUMS_TOKEN` (`envs.auth`); it lives
+  in the request headers only and is never logged, put in a repr or in an exception message.
 - Every request has a timeout. A request that never reached the host (connection refused) is
   retried; a request that may have reached it is retried only when it is idempotent (health,
   verify, close), never create, fork or step.
@@ -26,7 +26,9 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
+from envs.auth import TokenError, read_token
 from envs.protocol import (
+    ActionRejected,
     Backend,
     ForkUnsupported,
     Gate,
@@ -46,10 +48,6 @@ class DrumsError(RuntimeError):
     """The host refused a request that is wrong in itself (auth, bad task, unknown route)."""
 
 
-class ActionRejected(ValueError):
-    """The desktop refused the action (off screen, after DONE); nothing changed."""
-
-
 class _Unreachable(Exception):
     """Internal: the host did not answer (or answered 5xx); carries the gate to fail."""
 
@@ -57,25 +55,6 @@ class _Unreachable(Exception):
         super().__init__(reason)
         self.gate = gate
         self.reason = reason
-
-
-def read_token(token: str | None = None, token_file: str | Path | None = None) -> str:
-    """The bearer token: argument, then token_file, then DRUMS_TOKEN_FILE, then DRUMS_TOKEN."""
-    if token:
-        return token
-    path = token_file or os.environ.get("DRUMS_TOKEN_FILE")
-    if path:
-        try:
-            value = Path(path).read_text().strip()
-        except OSError as e:
-            raise DrumsError(f"token file {path}: {e.strerror}") from None
-        if not value:
-            raise DrumsError(f"token file {path} is empty")
-        return value
-    value = os.environ.get("DRUMS_TOKEN", "").strip()
-    if not value:
-        raise DrumsError("no Drums token: set DRUMS_TOKEN_FILE or DRUMS_TOKEN")
-    return value
 
 
 def _image(b64: str | None) -> Image.Image | None:
@@ -123,15 +102,21 @@ class DrumsBackend(Backend):
         self.create_timeout_s = create_timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        try:
+            authorization = f"Bearer {read_token(token, token_file)}"
+        except TokenError as e:  # no token is a request wrong in itself, as it always was here
+            raise DrumsError(str(e)) from None
         # Nagle's algorithm plus delayed ACKs would add ~40 ms to every small POST.
         transport = transport or httpx.HTTPTransport(
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
         self._http = httpx.Client(
-            base_url=self.url, transport=transport,
-            headers={"Authorization": f"Bearer {read_token(token, token_file)}"},
+            base_url=self.url,
+            transport=transport,
+            headers={"Authorization": authorization},
             timeout=httpx.Timeout(step_timeout_s, connect=connect_timeout_s),
         )
         self._can_fork: bool | None = None
@@ -175,15 +160,23 @@ class DrumsBackend(Backend):
 
     # --- transport --------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, idempotent: bool = False,
-                 timeout: float | None = None, json=None) -> dict:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool = False,
+        timeout: float | None = None,
+        json=None,
+    ) -> dict:
         """One call; retried on a refused connection, and on any failure when idempotent."""
         attempts = 1 + self.retries
         for attempt in range(attempts):
             last = attempt == attempts - 1
             try:
-                r = self._http.request(method, path, json=json,
-                                       timeout=timeout or self.step_timeout_s)
+                r = self._http.request(
+                    method, path, json=json, timeout=timeout or self.step_timeout_s
+                )
             except httpx.ConnectError as e:  # never reached the host: always safe to retry
                 reason = f"cannot connect to {self.url} ({type(e).__name__})"
                 if last:
@@ -230,9 +223,17 @@ class DrumsBackend(Backend):
 class DrumsSession(Session):
     """One environment on a Drums host; invalid locally once the host stops answering."""
 
-    def __init__(self, backend: DrumsBackend, env_id: str | None, observation: Observation,
-                 task_id: str | None, *, reason: str | None = None, timings: dict | None = None,
-                 parent: str | None = None):
+    def __init__(
+        self,
+        backend: DrumsBackend,
+        env_id: str | None,
+        observation: Observation,
+        task_id: str | None,
+        *,
+        reason: str | None = None,
+        timings: dict | None = None,
+        parent: str | None = None,
+    ):
         self.backend = backend
         self.env_id = env_id
         self.observation = observation
@@ -252,8 +253,8 @@ class DrumsSession(Session):
         gen = self.observation.generation if generation is None else generation
         try:
             reply = self.backend._request(
-                "POST", f"/v1/envs/{self.env_id}/step",
-                json={"action": action, "generation": gen})
+                "POST", f"/v1/envs/{self.env_id}/step", json={"action": action, "generation": gen}
+            )
         except _Unreachable as e:
             self._give_up(e)
             return self.observation
@@ -264,37 +265,62 @@ class DrumsSession(Session):
 
     def fork(self, n: int) -> list[DrumsSession]:
         if not self.observation.valid:  # children of a quarantined parent are invalid too
-            return [DrumsSession(self.backend, None, self.observation, self.task_id,
-                                 reason=self._reason, parent=self.env_id) for _ in range(n)]
+            return [
+                DrumsSession(
+                    self.backend,
+                    None,
+                    self.observation,
+                    self.task_id,
+                    reason=self._reason,
+                    parent=self.env_id,
+                )
+                for _ in range(n)
+            ]
         try:
             reply = self.backend._request(
-                "POST", f"/v1/envs/{self.env_id}/fork", json={"n": n},
-                timeout=self.backend.create_timeout_s)
+                "POST",
+                f"/v1/envs/{self.env_id}/fork",
+                json={"n": n},
+                timeout=self.backend.create_timeout_s,
+            )
         except _Unreachable as e:
             log.warning("fork %s: %s", self.env_id, e.reason)
             dead = _invalid(self.generation, e.gate)
-            return [DrumsSession(self.backend, None, dead, self.task_id, reason=e.reason,
-                                 parent=self.env_id) for _ in range(n)]
+            return [
+                DrumsSession(
+                    self.backend, None, dead, self.task_id, reason=e.reason, parent=self.env_id
+                )
+                for _ in range(n)
+            ]
         children = []
         for child in reply["children"]:
             # A child starts in the parent's state, so it shows the parent's screenshot.
             screenshot = self.observation.screenshot if child["valid"] else None
-            children.append(DrumsSession(
-                self.backend, child["env_id"], _observation(child, screenshot), self.task_id,
-                timings=reply["timings"], parent=self.env_id))
+            children.append(
+                DrumsSession(
+                    self.backend,
+                    child["env_id"],
+                    _observation(child, screenshot),
+                    self.task_id,
+                    timings=reply["timings"],
+                    parent=self.env_id,
+                )
+            )
         return children
 
     def verify(self) -> Verification:
         if self.env_id is None or self._reason is not None:
-            return Verification.invalid(self.observation.failed_gates or [Gate.HOST_REACHABLE],
-                                        env_id=self.env_id, error=self._reason, trusted=False)
+            return Verification.invalid(
+                self.observation.failed_gates or [Gate.HOST_REACHABLE],
+                env_id=self.env_id,
+                error=self._reason,
+                trusted=False,
+            )
         try:
-            reply = self.backend._request(
-                "POST", f"/v1/envs/{self.env_id}/verify", idempotent=True)
+            reply = self.backend._request("POST", f"/v1/envs/{self.env_id}/verify", idempotent=True)
         except _Unreachable as e:
             self._give_up(e)
-            return Verification.invalid([e.gate], env_id=self.env_id, error=e.reason,
-                                        trusted=False)
+            return Verification.invalid([e.gate], env_id=self.env_id, error=e.reason, trusted=False)
         return Verification.from_dict(reply)
 
     def close(self) -> None:

@@ -10,21 +10,25 @@ import sys
 import uvicorn
 
 from envs.host.app import build_app
-from envs.host.embedded import read_token
+from envs.host.embedded import host_token
 from envs.host.pool import MODES, HostConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m envs.host",
-                                description="env-ab embedded environment host (Drums protocol)")
+    p = argparse.ArgumentParser(
+        prog="python -m envs.host", description="env-ab embedded environment host (Drums protocol)"
+    )
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--token-file", required=True, help="file holding the bearer token")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--port", type=int, help="TCP port to listen on")
     where.add_argument("--fd", type=int, help="an already bound, listening socket (embedded use)")
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default: loopback)")
-    p.add_argument("--allow-faults", action="store_true",
-                   help="accept fault-injection switches in create requests (tests only)")
+    p.add_argument(
+        "--allow-faults",
+        action="store_true",
+        help="accept fault-injection switches in create requests (tests only)",
+    )
     p.add_argument("--step-timeout", type=float, default=10.0, help="seconds per step")
     p.add_argument("--create-timeout", type=float, default=60.0, help="seconds per create/fork")
     p.add_argument("--max-envs", type=int, default=512)
@@ -40,16 +44,29 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = HostConfig(
-        mode=args.mode, allow_faults=args.allow_faults, step_timeout_s=args.step_timeout,
-        create_timeout_s=args.create_timeout, max_envs=args.max_envs,
-        desktop=args.desktop, checker=args.checker, screen_of=args.screen_of,
+        mode=args.mode,
+        allow_faults=args.allow_faults,
+        step_timeout_s=args.step_timeout,
+        create_timeout_s=args.create_timeout,
+        max_envs=args.max_envs,
+        desktop=args.desktop,
+        checker=args.checker,
+        screen_of=args.screen_of,
     )
-    app = build_app(config, read_token(args.token_file))
+    app = build_app(config, host_token(args.token_file))
     if args.allow_faults:
         logging.getLogger("envs.host").warning("fault injection is ON")
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=args.bind, port=args.port or 0, log_level="info", access_log=args.access_log,
-        timeout_graceful_shutdown=5, timeout_keep_alive=120))  # a policy may think a while
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.bind,
+            port=args.port or 0,
+            log_level="info",
+            access_log=args.access_log,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=120,  # a policy may think a while
+        )
+    )
     if args.fd is None:
         server.run()
     else:

@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from envs.host.pool import (
-    ActionRejected,
     BadRequest,
     FaultsDisabled,
     HostConfig,
@@ -23,7 +22,7 @@ from envs.host.pool import (
     Quarantined,
     UnknownEnvironment,
 )
-from envs.protocol import ForkUnsupported
+from envs.protocol import ActionRejected, ForkUnsupported
 
 API = "/v1"
 
@@ -53,15 +52,21 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
         yield
         await run_in_threadpool(pool.stop)
 
-    app = FastAPI(title="env-ab embedded host", lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="env-ab embedded host",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.pool = pool
 
     app.add_middleware(RequireToken, expected=expected)
 
     for exc_type, status in _ERRORS:
         app.add_exception_handler(
-            exc_type, lambda _req, e, status=status: _error(status, _message(e)))
+            exc_type, lambda _req, e, status=status: _error(status, _message(e))
+        )
 
     @app.exception_handler(RequestValidationError)
     async def malformed(_request: Request, e: RequestValidationError) -> JSONResponse:
@@ -71,13 +76,20 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
 
     @app.get(f"{API}/health")
     def health() -> dict:
-        return {"status": "ok", "mode": config.mode, "can_fork": config.mode == "fork",
-                "environments": len(pool), "zygote_pid": pool.zygote_pid,
-                "allow_faults": config.allow_faults}
+        return {
+            "status": "ok",
+            "mode": config.mode,
+            "can_fork": config.mode == "fork",
+            "environments": len(pool),
+            "zygote_pid": pool.zygote_pid,
+            "allow_faults": config.allow_faults,
+        }
 
     @app.post(f"{API}/envs", status_code=201)
-    def create(task: Annotated[dict, Body(embed=True)],
-               faults: Annotated[dict | None, Body(embed=True)] = None) -> dict:
+    def create(
+        task: Annotated[dict, Body(embed=True)],
+        faults: Annotated[dict | None, Body(embed=True)] = None,
+    ) -> dict:
         return pool.create(task, faults)
 
     @app.post(f"{API}/envs/{{env_id}}/fork")
@@ -85,8 +97,11 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
         return pool.fork(env_id, n)
 
     @app.post(f"{API}/envs/{{env_id}}/step")
-    def step(env_id: str, action: Annotated[dict, Body(embed=True)],
-             generation: Annotated[Any, Body(embed=True)]) -> dict:
+    def step(
+        env_id: str,
+        action: Annotated[dict, Body(embed=True)],
+        generation: Annotated[Any, Body(embed=True)],
+    ) -> dict:
         return pool.step(env_id, action, generation)
 
     @app.post(f"{API}/envs/{{env_id}}/verify")
@@ -111,8 +126,11 @@ class RequireToken:
         if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                refuse = JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
-                                      headers={"WWW-Authenticate": "Bearer"})
+                refuse = JSONResponse(
+                    {"error": "missing or wrong bearer token"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await refuse(scope, receive, send)
                 return
         await self.app(scope, receive, send)

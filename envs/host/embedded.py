@@ -19,16 +19,15 @@ from pathlib import Path
 
 import httpx
 
+from envs.auth import TokenError, read_token
 
-def read_token(path: str | Path) -> str:
-    """The bearer token from a file (surrounding whitespace dropped); never echoed."""
+
+def host_token(path: str | Path) -> str:
+    """The host's bearer token from its file; a missing or empty file exits with one line."""
     try:
-        token = Path(path).read_text().strip()
-    except OSError as e:
-        raise SystemExit(f"token file {path}: {e.strerror}") from None
-    if not token:
-        raise SystemExit(f"token file {path} is empty")
-    return token
+        return read_token(token_file=path)
+    except TokenError as e:
+        raise SystemExit(str(e)) from None
 
 
 def write_token_file(path: str | Path) -> Path:
@@ -57,21 +56,34 @@ def serve_embedded(
     Host output goes to `log_path` (appended) or is discarded. Raises RuntimeError with the
     log's last lines when the host does not come up healthy within `startup_timeout_s`.
     """
-    token = read_token(token_file)
+    token = host_token(token_file)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen(2048)
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    cmd = [sys.executable, "-m", "envs.host", "--mode", mode, "--fd", str(listener.fileno()),
-           "--token-file", str(token_file), "--step-timeout", str(step_timeout_s), *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envs.host",
+        "--mode",
+        mode,
+        "--fd",
+        str(listener.fileno()),
+        "--token-file",
+        str(token_file),
+        "--step-timeout",
+        str(step_timeout_s),
+        *extra_args,
+    ]
     if allow_faults:
         cmd.append("--allow-faults")
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
-        proc = subprocess.Popen(cmd, pass_fds=[listener.fileno()], stdout=log,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, pass_fds=[listener.fileno()], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     finally:
         listener.close()
     try:
@@ -89,8 +101,7 @@ def _wait_healthy(url, token, proc, timeout_s, log_path) -> None:
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"embedded host exited with {proc.returncode}"
-                                   f"{_tail(log_path)}")
+                raise RuntimeError(f"embedded host exited with {proc.returncode}{_tail(log_path)}")
             try:
                 if client.get(f"{url}/v1/health", headers=headers).status_code == 200:
                     return

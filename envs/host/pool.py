@@ -32,6 +32,7 @@ from envs.host.channel import Channel, ChannelClosed, ChannelTimeout
 from envs.host.worker import load_object
 from envs.protocol import (
     TERMINAL_ACTIONS,
+    ActionRejected,
     ForkUnsupported,
     Gate,
     Verdict,
@@ -51,10 +52,6 @@ _ZYGOTE = "import sys; from envs.host.worker import main; main(sys.argv[1:])"
 
 class BadRequest(ValueError):
     """The request itself is wrong (HTTP 400)."""
-
-
-class ActionRejected(ValueError):
-    """The desktop refused the action (off screen, after DONE); nothing changed (HTTP 422)."""
 
 
 class UnknownEnvironment(KeyError):
@@ -195,8 +192,17 @@ class Pool:
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cmd = [sys.executable, "-c", _ZYGOTE, "--fd", str(theirs.fileno()),
-               "--mode", self.config.mode, "--desktop", self.config.desktop]
+        cmd = [
+            sys.executable,
+            "-c",
+            _ZYGOTE,
+            "--fd",
+            str(theirs.fileno()),
+            "--mode",
+            self.config.mode,
+            "--desktop",
+            self.config.desktop,
+        ]
         self._zygote_proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
         theirs.close()
         self._zygote = Channel(ours)
@@ -240,19 +246,27 @@ class Pool:
         t0 = time.perf_counter()
         with self._zygote_lock:
             try:
-                (channel, pid, _), = self._spawn(self._zygote, 1, size)
+                ((channel, pid, _),) = self._spawn(self._zygote, 1, size)
             except (ChannelClosed, ChannelTimeout):  # the zygote died: start another, once
                 log.error("zygote lost; starting a new one")
                 self._stop_zygote()
                 self.start()
-                (channel, pid, _), = self._spawn(self._zygote, 1, size)
+                ((channel, pid, _),) = self._spawn(self._zygote, 1, size)
         t1 = time.perf_counter()
         env = Environment(
-            env_id=uuid.uuid4().hex[:16], task=task, channel=channel, pid=pid,
-            expected_sha256=task["evaluator"]["initial_state_sha256"], faults=armed,
+            env_id=uuid.uuid4().hex[:16],
+            task=task,
+            channel=channel,
+            pid=pid,
+            expected_sha256=task["evaluator"]["initial_state_sha256"],
+            faults=armed,
         )
-        reply = self._call(env, ("init", size, task["config"], armed.for_worker()),
-                           self.config.create_timeout_s, Gate.SETUP)
+        reply = self._call(
+            env,
+            ("init", size, task["config"], armed.for_worker()),
+            self.config.create_timeout_s,
+            Gate.SETUP,
+        )
         png = None
         if reply is not None:
             env.state_sha256 = reply["state_sha256"]
@@ -265,10 +279,14 @@ class Pool:
         timings = {"spawn_s": t1 - t0, "create_s": time.perf_counter() - t0}
         if reply is not None:
             timings.update(reply["timings"])
-        log.info("create %s task=%s verdict=%s", env.env_id, task["id"],
-                 verdict_for(env.failed_gates))
-        return {**env.status(), "screenshot_png": b64_png(None if env.quarantined else png),
-                "timings": timings}
+        log.info(
+            "create %s task=%s verdict=%s", env.env_id, task["id"], verdict_for(env.failed_gates)
+        )
+        return {
+            **env.status(),
+            "screenshot_png": b64_png(None if env.quarantined else png),
+            "timings": timings,
+        }
 
     def fork(self, env_id: str, n: int) -> dict:
         if self.config.mode != "fork":
@@ -291,9 +309,14 @@ class Pool:
         children = []
         for channel, pid, hello in spawned:
             child = Environment(
-                env_id=uuid.uuid4().hex[:16], task=parent.task, channel=channel, pid=pid,
-                expected_sha256=parent.state_sha256, parent=parent.env_id,
-                generation=parent.generation, steps=parent.steps,
+                env_id=uuid.uuid4().hex[:16],
+                task=parent.task,
+                channel=channel,
+                pid=pid,
+                expected_sha256=parent.state_sha256,
+                parent=parent.env_id,
+                generation=parent.generation,
+                steps=parent.steps,
                 state_sha256=hello["state_sha256"],
             )
             if child.state_sha256 != child.expected_sha256:
@@ -317,8 +340,9 @@ class Pool:
             if not env.quarantined and generation != env.generation:
                 self._quarantine(env, Gate.GENERATION)
             if not env.quarantined:
-                reply = self._call(env, ("step", action), self.config.step_timeout_s,
-                                   Gate.WORKER_ALIVE)
+                reply = self._call(
+                    env, ("step", action), self.config.step_timeout_s, Gate.WORKER_ALIVE
+                )
                 if reply is not None and "rejected" in reply:
                     raise ActionRejected(reply["rejected"])
                 if reply is not None:
@@ -330,16 +354,27 @@ class Pool:
                         self._quarantine(env, Gate.SCREEN_NOT_BLANK)
             status = env.status()
         done = action["action_type"] in TERMINAL_ACTIONS
-        return {**status, "done": done, "screenshot_png": b64_png(None if env.quarantined else png),
-                "timings": {"step_s": time.perf_counter() - t0}}
+        return {
+            **status,
+            "done": done,
+            "screenshot_png": b64_png(None if env.quarantined else png),
+            "timings": {"step_s": time.perf_counter() - t0},
+        }
 
     def verify(self, env_id: str) -> dict:
         env = self._get(env_id)
         with env.lock:
-            audit = {"env_id": env.env_id, "parent": env.parent, "worker_pid": env.pid,
-                     "task": env.task["id"],
-                     "mode": self.config.mode, "generation": env.generation, "steps": env.steps,
-                     "checker": env.task["evaluator"].get("func"), "flags": []}
+            audit = {
+                "env_id": env.env_id,
+                "parent": env.parent,
+                "worker_pid": env.pid,
+                "task": env.task["id"],
+                "mode": self.config.mode,
+                "generation": env.generation,
+                "steps": env.steps,
+                "checker": env.task["evaluator"].get("func"),
+                "flags": [],
+            }
             if env.quarantined:
                 return self._verification(env.failed_gates, audit)
             if env.faults.verifier_unavailable:

@@ -24,17 +24,18 @@ def check(argv: list[str]) -> int:
     from envs.tasks.build import build
 
     p = argparse.ArgumentParser(prog="python -m envs.qemu check")
-    p.add_argument("--cache", type=Path, default=Path("build/qemu"))
-    p.add_argument("--memory", type=int, default=256)
-    p.add_argument("--vms", type=int, default=1)
+    p.add_argument("--cache", type=Path, default=QemuConfig.cache)
+    p.add_argument("--memory", type=int, default=QemuConfig.memory_mib)
+    p.add_argument("--vms", type=int, default=QemuConfig.vms)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     tasks, solutions = build(seed=args.seed, per_family=1)
     by_id = {s["id"]: s for s in solutions}
     failures = 0
     try:
-        pool = QemuPool(QemuConfig(vms=args.vms, memory_mib=args.memory, cache=args.cache,
-                                   build=False))
+        pool = QemuPool(
+            QemuConfig(vms=args.vms, memory_mib=args.memory, cache=args.cache, build=False)
+        )
     except (ToolMissing, image.BuildError) as e:
         print(f"envs.qemu: {e}", file=sys.stderr)
         return 1
@@ -42,9 +43,10 @@ def check(argv: list[str]) -> int:
         print(f"pool: {pool.describe()}")
         for task in tasks:
             sol = by_id[task["id"]]
-            for name, actions, expected in (("oracle", sol["oracle"], 1.0),
-                                            (sol["near_misses"][0]["name"],
-                                             sol["near_misses"][0]["actions"], 0.0)):
+            for name, actions, expected in (
+                ("oracle", sol["oracle"], 1.0),
+                (sol["near_misses"][0]["name"], sol["near_misses"][0]["actions"], 0.0),
+            ):
                 t0 = time.perf_counter()
                 with pool.create(task) as session:
                     for action in actions:
@@ -52,9 +54,11 @@ def check(argv: list[str]) -> int:
                     result = session.verify()
                 ok = result.valid and result.score == expected
                 failures += not ok
-                print(f"{'ok  ' if ok else 'FAIL'} {task['id']:<24} {name:<20} "
-                      f"{result.verdict:<16} score={result.score} "
-                      f"{time.perf_counter() - t0:.2f}s")
+                print(
+                    f"{'ok  ' if ok else 'FAIL'} {task['id']:<24} {name:<20} "
+                    f"{result.verdict:<16} score={result.score} "
+                    f"{time.perf_counter() - t0:.2f}s"
+                )
     return 1 if failures else 0
 
 

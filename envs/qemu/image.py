@@ -36,6 +36,7 @@ import PIL
 
 from envab.hashing import sha256_bytes, sha256_file, sha256_json
 from envab.io import atomic_write_json
+from envs.arm_schema import QEMU_DEFAULTS
 from envs.desktop import Desktop
 from envs.qemu.accel import choose
 from envs.qemu.tools import ToolMissing, require
@@ -45,24 +46,40 @@ REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
-    "linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
-    "python3", "python3-evdev", "qemu-guest-agent",
+    "linux-image-amd64",
+    "initramfs-tools",
+    "systemd-sysv",
+    "udev",
+    "kmod",
+    "python3",
+    "python3-evdev",
+    "qemu-guest-agent",
 )
 BASE_RECIPE = 1
 PYTHON_TAG = "cp311"  # bookworm's python3 is 3.11
 # Services a read-only desktop guest does not need; masked so they do not wake it after restore.
 MASKED = (
-    "getty@.service", "serial-getty@.service", "apt-daily.timer", "apt-daily-upgrade.timer",
-    "e2scrub_all.timer", "fstrim.timer", "systemd-tmpfiles-clean.timer", "dpkg-db-backup.timer",
-    "systemd-random-seed.service", "systemd-update-utmp.service", "ldconfig.service",
+    "getty@.service",
+    "serial-getty@.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "e2scrub_all.timer",
+    "fstrim.timer",
+    "systemd-tmpfiles-clean.timer",
+    "dpkg-db-backup.timer",
+    "systemd-random-seed.service",
+    "systemd-update-utmp.service",
+    "ldconfig.service",
 )
 # repository path -> path under /opt/envab in the guest
 GUEST_FILES = {
     "envab/__init__.py": "envab/__init__.py",
     "envab/hashing.py": "envab/hashing.py",
     "envs/__init__.py": "envs/__init__.py",
-    **{f"envs/desktop/{p.name}": f"envs/desktop/{p.name}"
-       for p in sorted((REPO / "envs/desktop").glob("*.py"))},
+    **{
+        f"envs/desktop/{p.name}": f"envs/desktop/{p.name}"
+        for p in sorted((REPO / "envs/desktop").glob("*.py"))
+    },
     "envs/qemu/keymap.py": "guest/keymap.py",
     "envs/qemu/guest/agent.py": "guest/agent.py",
 }
@@ -81,9 +98,11 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class ImageConfig:
-    cache: Path = Path("build/qemu")
-    memory_mib: int = 256
-    accel: str = "auto"  # auto | kvm | tcg
+    """The guest a qemu arm runs; the defaults are the config schema's (`envs.arm_schema`)."""
+
+    cache: Path = Path(QEMU_DEFAULTS["cache"])
+    memory_mib: int = QEMU_DEFAULTS["memory_mib"]
+    accel: str = QEMU_DEFAULTS["accel"]  # auto | kvm | tcg
     suite: str = SUITE
     mirror: str = MIRROR
 
@@ -113,9 +132,13 @@ class GuestRecord:
         return cache / self.files[name]["path"]
 
     def spec(self, cache: Path) -> VMSpec:
-        return VMSpec(root=self.path("root", cache), kernel=self.path("kernel", cache),
-                      initrd=self.path("initrd", cache), memory_mib=self.memory_mib,
-                      accel=self.accel)
+        return VMSpec(
+            root=self.path("root", cache),
+            kernel=self.path("kernel", cache),
+            initrd=self.path("initrd", cache),
+            memory_mib=self.memory_mib,
+            accel=self.accel,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,8 +156,9 @@ def _run(args: list[str], what: str, **kw) -> None:
 
 
 def qemu_version() -> str:
-    out = subprocess.run([require("qemu-system-x86_64"), "--version"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [require("qemu-system-x86_64"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
     return out.splitlines()[0].strip()
 
 
@@ -142,8 +166,14 @@ def qemu_version() -> str:
 
 
 def base_inputs(config: ImageConfig) -> dict:
-    return {"recipe": BASE_RECIPE, "suite": config.suite, "packages": sorted(PACKAGES),
-            "pillow": PIL.__version__, "python": PYTHON_TAG, "masked": sorted(MASKED)}
+    return {
+        "recipe": BASE_RECIPE,
+        "suite": config.suite,
+        "packages": sorted(PACKAGES),
+        "pillow": PIL.__version__,
+        "python": PYTHON_TAG,
+        "masked": sorted(MASKED),
+    }
 
 
 def build_base(config: ImageConfig, rootfs: Path) -> dict:
@@ -155,8 +185,18 @@ def build_base(config: ImageConfig, rootfs: Path) -> dict:
     rootfs.parent.mkdir(parents=True, exist_ok=True)
     debs = (config.cache / "debs").resolve()  # kept: a rebuild downloads only what changed
     debs.mkdir(parents=True, exist_ok=True)
-    _run([require("debootstrap"), "--variant=minbase", f"--include={','.join(PACKAGES)}",
-          f"--cache-dir={debs}", config.suite, str(rootfs), config.mirror], "debootstrap")
+    _run(
+        [
+            require("debootstrap"),
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            f"--cache-dir={debs}",
+            config.suite,
+            str(rootfs),
+            config.mirror,
+        ],
+        "debootstrap",
+    )
     wheel = _pillow_wheel(config.cache / "wheels")
     site = rootfs / "usr/local/lib/python3.11/dist-packages"
     site.mkdir(parents=True, exist_ok=True)
@@ -168,12 +208,19 @@ def build_base(config: ImageConfig, rootfs: Path) -> dict:
         link.symlink_to("/dev/null")
     (rootfs / "etc/hostname").write_text("envab-guest\n")
     (rootfs / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
-    for cache in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc",
-                  "usr/share/man", "usr/share/locale"):
+    for cache in (
+        "var/cache/apt/archives",
+        "var/lib/apt/lists",
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/locale",
+    ):
         shutil.rmtree(rootfs / cache, ignore_errors=True)
         (rootfs / cache).mkdir(parents=True, exist_ok=True)
-    return {"pillow_wheel": {"name": wheel.name, "sha256": sha256_file(wheel)},
-            "dpkg": _dpkg_versions(rootfs)}
+    return {
+        "pillow_wheel": {"name": wheel.name, "sha256": sha256_file(wheel)},
+        "dpkg": _dpkg_versions(rootfs),
+    }
 
 
 def _unmount_under(root: Path) -> None:
@@ -191,10 +238,28 @@ def _pillow_wheel(folder: Path) -> Path:
     pattern = f"pillow-{PIL.__version__}-{PYTHON_TAG}-{PYTHON_TAG}-manylinux*x86_64*.whl"
     found = sorted(folder.glob(pattern))
     if not found:
-        _run([sys.executable, "-m", "pip", "download", f"pillow=={PIL.__version__}",
-              "--only-binary=:all:", "--no-deps", "--platform", "manylinux_2_28_x86_64",
-              "--python-version", "3.11", "--implementation", "cp", "--abi", PYTHON_TAG,
-              "-d", str(folder)], "pip download pillow")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"pillow=={PIL.__version__}",
+                "--only-binary=:all:",
+                "--no-deps",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--abi",
+                PYTHON_TAG,
+                "-d",
+                str(folder),
+            ],
+            "pip download pillow",
+        )
         found = sorted(folder.glob(pattern))
     if not found:
         raise BuildError(f"no Pillow {PIL.__version__} {PYTHON_TAG} manylinux wheel in {folder}")
@@ -202,8 +267,11 @@ def _pillow_wheel(folder: Path) -> Path:
 
 
 def _dpkg_versions(rootfs: Path) -> dict[str, str]:
-    out = subprocess.run(["dpkg-query", f"--admindir={rootfs}/var/lib/dpkg", "-W",
-                          "-f", "${Package}\t${Version}\n"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["dpkg-query", f"--admindir={rootfs}/var/lib/dpkg", "-W", "-f", "${Package}\t${Version}\n"],
+        capture_output=True,
+        text=True,
+    )
     return dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
 
 
@@ -236,13 +304,31 @@ def build_image(rootfs: Path, out: Path) -> dict:
         if not found:
             raise BuildError(f"the guest has no /boot/{pattern} (did linux-image-amd64 install?)")
         shutil.copyfile(found[-1], out / name)
-    used = int(subprocess.run(["du", "-sm", str(rootfs)], capture_output=True, text=True,
-                              check=True).stdout.split()[0])
+    used = int(
+        subprocess.run(
+            ["du", "-sm", str(rootfs)], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
     raw = out / "root.raw"
-    _run([require("mkfs.ext4"), "-q", "-F", "-L", "envab-root", "-d", str(rootfs),
-          "-E", "root_owner=0:0", str(raw), f"{used + used // 4 + 64}M"], "mkfs.ext4")
-    _run([qemu_img, "convert", "-O", "qcow2", str(raw), str(out / "root.qcow2")],
-         "qemu-img convert")
+    _run(
+        [
+            require("mkfs.ext4"),
+            "-q",
+            "-F",
+            "-L",
+            "envab-root",
+            "-d",
+            str(rootfs),
+            "-E",
+            "root_owner=0:0",
+            str(raw),
+            f"{used + used // 4 + 64}M",
+        ],
+        "mkfs.ext4",
+    )
+    _run(
+        [qemu_img, "convert", "-O", "qcow2", str(raw), str(out / "root.qcow2")], "qemu-img convert"
+    )
     raw.unlink()
     return {name: sha256_file(out / name) for name in ("root.qcow2", "vmlinuz", "initrd.img")}
 
@@ -252,14 +338,18 @@ def build_image(rootfs: Path, out: Path) -> dict:
 
 def warm_inputs(image_digest: str, spec: VMSpec) -> dict:
     """A snapshot loads only into the same machine: same QEMU, memory and devices."""
-    return {"image": image_digest, "memory_mib": spec.memory_mib, "accel": spec.accel,
-            "qemu": qemu_version(), "vm": spec.definition()}
+    return {
+        "image": image_digest,
+        "memory_mib": spec.memory_mib,
+        "accel": spec.accel,
+        "qemu": qemu_version(),
+        "vm": spec.definition(),
+    }
 
 
 def build_warm(spec: VMSpec, warm: Path) -> dict:
     """Boot once, check the desktop, and save the internal snapshot `warm` into `warm`."""
-    _run([require("qemu-img"), "create", "-q", "-f", "qcow2", str(warm), "16M"],
-         "qemu-img create")
+    _run([require("qemu-img"), "create", "-q", "-f", "qcow2", str(warm), "16M"], "qemu-img create")
     expected = Desktop()
     expected_frame = sha256_bytes(expected.screenshot().tobytes())
     with tempfile.TemporaryDirectory(prefix="envab-warm-") as tmp:
@@ -272,8 +362,10 @@ def build_warm(spec: VMSpec, warm: Path) -> dict:
             if hello["state_sha256"] != expected.state_hash():
                 raise BuildError("the guest's blank desktop state differs from the host's")
             if hello["frame_sha256"] != expected_frame:
-                raise BuildError("the guest renders the blank desktop with other pixels than "
-                                 "the host (Pillow differs?)")
+                raise BuildError(
+                    "the guest renders the blank desktop with other pixels than "
+                    "the host (Pillow differs?)"
+                )
             w, h = hello["screen"]
             shown = vm.screendump().crop((0, 0, w, h))
             if sha256_bytes(shown.convert("RGB").tobytes()) != expected_frame:
@@ -288,8 +380,13 @@ def build_warm(spec: VMSpec, warm: Path) -> dict:
             raise BuildError(f"warm boot: {e} (console: {_console_tail(Path(tmp))})") from None
         finally:
             vm.quit()
-    return {"blank_state_sha256": hello["state_sha256"], "blank_frame_sha256": expected_frame,
-            "fb": hello["fb"], "boot_s": round(boot_s, 1), "savevm_s": round(save_s, 2)}
+    return {
+        "blank_state_sha256": hello["state_sha256"],
+        "blank_frame_sha256": expected_frame,
+        "fb": hello["fb"],
+        "boot_s": round(boot_s, 1),
+        "savevm_s": round(save_s, 2),
+    }
 
 
 def _wait_agent(vm: VM) -> dict:
@@ -301,8 +398,10 @@ def _wait_agent(vm: VM) -> dict:
             if not vm.alive():
                 raise BuildError("the guest's QEMU exited during boot") from None
             if time.monotonic() > deadline:
-                raise BuildError(f"the desktop agent did not start in {BOOT_TIMEOUT_S:.0f} s "
-                                 f"(console: {_console_tail(vm.run_dir)})") from None
+                raise BuildError(
+                    f"the desktop agent did not start in {BOOT_TIMEOUT_S:.0f} s "
+                    f"(console: {_console_tail(vm.run_dir)})"
+                ) from None
 
 
 def _console_tail(run_dir: Path) -> str:
@@ -333,9 +432,11 @@ def ensure_guest(config: ImageConfig, log=print, build: bool = True) -> GuestRec
 def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     def building(what: str) -> None:
         if not build:
-            raise BuildError(f"{what} is not built under {config.cache}: run "
-                             f"python -m envs.qemu.image --cache {config.cache} "
-                             f"--memory {config.memory_mib}")
+            raise BuildError(
+                f"{what} is not built under {config.cache}: run "
+                f"python -m envs.qemu.image --cache {config.cache} "
+                f"--memory {config.memory_mib}"
+            )
         log(what)
 
     for tool in ("qemu-system-x86_64", "qemu-img"):
@@ -356,20 +457,32 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
             t0 = time.monotonic()
             built = build_base(config, base_dir / "rootfs")
             timings["base_s"] = round(time.monotonic() - t0, 1)
-            atomic_write_json(base_record, {"digest": base_digest,
-                                            "inputs": base_inputs(config), **built})
+            atomic_write_json(
+                base_record, {"digest": base_digest, "inputs": base_inputs(config), **built}
+            )
         building(f"guest image {image_digest[:16]}: root file system and qcow2")
         t0 = time.monotonic()
         digests = build_image(base_dir / "rootfs", image_dir)
         timings["image_s"] = round(time.monotonic() - t0, 1)
-        atomic_write_json(image_record, {"digest": image_digest, "base": base_digest,
-                                         "inputs": image_inputs(base_digest), "files": digests})
+        atomic_write_json(
+            image_record,
+            {
+                "digest": image_digest,
+                "base": base_digest,
+                "inputs": image_inputs(base_digest),
+                "files": digests,
+            },
+        )
     base = json.loads(base_record.read_text()) if base_record.is_file() else {}
     image = json.loads(image_record.read_text())
 
-    spec = VMSpec(root=image_dir / "root.qcow2", kernel=image_dir / "vmlinuz",
-                  initrd=image_dir / "initrd.img", memory_mib=config.memory_mib,
-                  accel=accel.mode)
+    spec = VMSpec(
+        root=image_dir / "root.qcow2",
+        kernel=image_dir / "vmlinuz",
+        initrd=image_dir / "initrd.img",
+        memory_mib=config.memory_mib,
+        accel=accel.mode,
+    )
     winputs = warm_inputs(image_digest, spec)
     warm_digest = sha256_json(winputs)
     stem = f"warm-{config.memory_mib}-{accel.mode}"
@@ -395,22 +508,33 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
         "warm": {"path": str(rel / f"{stem}.qcow2"), "sha256": warm["sha256"]},
     }
     return GuestRecord(
-        image_digest=image_digest, base_digest=base_digest, warm_digest=warm_digest,
-        memory_mib=config.memory_mib, accel=accel.mode, accel_reason=accel.reason,
-        qemu_version=winputs["qemu"], blank_state_sha256=warm["blank_state_sha256"],
+        image_digest=image_digest,
+        base_digest=base_digest,
+        warm_digest=warm_digest,
+        memory_mib=config.memory_mib,
+        accel=accel.mode,
+        accel_reason=accel.reason,
+        qemu_version=winputs["qemu"],
+        blank_state_sha256=warm["blank_state_sha256"],
         blank_frame_sha256=warm["blank_frame_sha256"],
-        inputs={"base": base_inputs(config), "image": image["inputs"], "warm": winputs,
-                "pillow_wheel": base.get("pillow_wheel")},
-        files=files, timings={**timings, "boot_s": warm.get("boot_s"),
-                              "savevm_s": warm.get("savevm_s")},
+        inputs={
+            "base": base_inputs(config),
+            "image": image["inputs"],
+            "warm": winputs,
+            "pillow_wheel": base.get("pillow_wheel"),
+        },
+        files=files,
+        timings={**timings, "boot_s": warm.get("boot_s"), "savevm_s": warm.get("savevm_s")},
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="build (or find cached) the QEMU guest")
-    parser.add_argument("--cache", type=Path, default=Path("build/qemu"))
-    parser.add_argument("--memory", type=int, default=256, help="guest memory in MiB")
-    parser.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto")
+    parser.add_argument("--cache", type=Path, default=ImageConfig.cache)
+    parser.add_argument(
+        "--memory", type=int, default=ImageConfig.memory_mib, help="guest memory in MiB"
+    )
+    parser.add_argument("--accel", choices=["auto", "kvm", "tcg"], default=ImageConfig.accel)
     parser.add_argument("--record", type=Path, help="also write the guest record here")
     args = parser.parse_args(argv)
     try:
@@ -421,8 +545,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out = args.record or args.cache / f"guest-{record.memory_mib}-{record.accel}.json"
     atomic_write_json(out, record.to_dict())
-    print(f"guest {record.image_digest[:16]} warm {record.warm_digest[:16]} "
-          f"({record.accel}, {record.memory_mib} MiB) -> {out}")
+    print(
+        f"guest {record.image_digest[:16]} warm {record.warm_digest[:16]} "
+        f"({record.accel}, {record.memory_mib} MiB) -> {out}"
+    )
     return 0
 
 

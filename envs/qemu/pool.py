@@ -30,6 +30,7 @@ from pathlib import Path
 from PIL import Image
 
 from envab.hashing import sha256_bytes
+from envs.arm_schema import QEMU_DEFAULTS, ArmError, arm_settings
 from envs.desktop import screen_of
 from envs.desktop.actions import parse_action
 from envs.protocol import (
@@ -57,29 +58,28 @@ LAUNCH_SYNC_S = 60.0
 
 @dataclass(frozen=True)
 class QemuConfig:
-    vms: int = 1  # started with the pool
-    max_vms: int | None = None  # more are started when sessions need them; default: vms
-    memory_mib: int = 256
-    accel: str = "auto"  # auto | kvm | tcg
-    cache: Path = Path("build/qemu")
+    """A qemu arm's settings; the defaults are the config schema's (`envs.arm_schema`)."""
+
+    vms: int = QEMU_DEFAULTS["vms"]  # started with the pool
+    max_vms: int | None = QEMU_DEFAULTS["max_vms"]  # more start while sessions need them; None: vms
+    memory_mib: int = QEMU_DEFAULTS["memory_mib"]
+    accel: str = QEMU_DEFAULTS["accel"]  # auto | kvm | tcg
+    cache: Path = Path(QEMU_DEFAULTS["cache"])
     build: bool = True  # build the guest when it is not cached (minutes), else refuse
-    step_timeout_s: float = 10.0
-    create_timeout_s: float = 30.0
-    screen_wait_s: float = 2.0  # how long the display may lag the agent's redraw
-    vm_wait_s: float = 60.0  # how long create waits for a VM when max_vms are all held
+    step_timeout_s: float = QEMU_DEFAULTS["step_timeout_s"]
+    create_timeout_s: float = QEMU_DEFAULTS["create_timeout_s"]
+    screen_wait_s: float = QEMU_DEFAULTS["screen_wait_s"]  # the display's lag behind the agent
+    vm_wait_s: float = QEMU_DEFAULTS["vm_wait_s"]  # create's wait for a VM while max_vms are held
     run_dir: Path | None = None  # where VM sockets and logs go; a temporary folder by default
 
     @classmethod
     def from_arm(cls, arm: Mapping) -> QemuConfig:
-        """From an arm of config.yaml: {backend: qemu, vms, memory_mib, accel, cache, ...}."""
-        known = {f for f in cls.__dataclass_fields__ if f != "run_dir"}
-        unknown = sorted(set(arm) - known - {"backend"})
-        if unknown:
-            raise ValueError(f"qemu arm: unknown settings {unknown}; known: {sorted(known)}")
-        settings = {k: v for k, v in arm.items() if k in known}
-        if "cache" in settings:
-            settings["cache"] = Path(settings["cache"])
-        return cls(**settings)
+        """From an arm of config.yaml, {backend: qemu, vms, memory_mib, ...}, checked against the
+        schema and its defaults filled; ArmError names a setting the schema does not allow."""
+        settings = arm_settings(arm)
+        if settings.pop("backend") != "qemu":
+            raise ArmError(f"arm.backend: {arm['backend']!r} is not a qemu arm")
+        return cls(**{**settings, "cache": Path(settings["cache"])})
 
     @property
     def ceiling(self) -> int:
@@ -90,8 +90,7 @@ class QemuConfig:
             raise ValueError(f"vms must be 1..64, got {self.vms}")
         if not self.vms <= self.ceiling <= 64:
             raise ValueError(f"max_vms must be vms..64, got {self.max_vms}")
-        if min(self.step_timeout_s, self.create_timeout_s, self.screen_wait_s,
-               self.vm_wait_s) <= 0:
+        if min(self.step_timeout_s, self.create_timeout_s, self.screen_wait_s, self.vm_wait_s) <= 0:
             raise ValueError("timeouts must be positive")
 
 
@@ -180,8 +179,7 @@ class QemuSession(Session):
         if self.state_sha256 != self.task["evaluator"]["initial_state_sha256"]:
             raise GateFailed(Gate.STATE_HASH, "state after restore and set-up is not the task's")
         shot = self._screen(reply["frame_sha256"], deadline)
-        self.timings.update(loadvm_s=t1 - t0, setup_s=t2 - t1,
-                            create_s=time.perf_counter() - t0)
+        self.timings.update(loadvm_s=t1 - t0, setup_s=t2 - t1, create_s=time.perf_counter() - t0)
         return shot
 
     # --- the protocol -------------------------------------------------------------------------
@@ -218,16 +216,23 @@ class QemuSession(Session):
         self.status = reply["status"]
         self.state_sha256 = reply["state_sha256"]
         done = parsed.kind in TERMINAL_ACTIONS
-        self.observation = Observation(self.generation + 1, shot, done=done,
-                                       state_sha256=self.state_sha256)
+        self.observation = Observation(
+            self.generation + 1, shot, done=done, state_sha256=self.state_sha256
+        )
         return self.observation
 
     def verify(self) -> Verification:
-        audit = {"env_id": self.env_id, "task": self.task["id"], "backend": "qemu",
-                 "vm": self.vm_name, "accel": self.pool.guest.accel,
-                 "guest_image": self.pool.guest.image_digest,
-                 "warm_snapshot": self.pool.guest.warm_digest,
-                 "generation": self.generation, "steps": self.steps}
+        audit = {
+            "env_id": self.env_id,
+            "task": self.task["id"],
+            "backend": "qemu",
+            "vm": self.vm_name,
+            "accel": self.pool.guest.accel,
+            "guest_image": self.pool.guest.image_digest,
+            "warm_snapshot": self.pool.guest.warm_digest,
+            "generation": self.generation,
+            "steps": self.steps,
+        }
         if self.failed_gates:
             return Verification.invalid(self.failed_gates, failure=self.failure, **audit)
         self._open()
@@ -275,8 +280,14 @@ class QemuSession(Session):
         log.warning("%s (%s): gate %s failed: %s", self.env_id, self.vm_name, gate, reason)
         if gate in (Gate.WORKER_ALIVE, Gate.STEP_TIMEOUT):
             self.slot.broken = True  # wedged or dead: replace it rather than trust a restore
-        self.observation = Observation(generation, None, False, verdict_for(self.failed_gates),
-                                       tuple(self.failed_gates), done=True)
+        self.observation = Observation(
+            generation,
+            None,
+            False,
+            verdict_for(self.failed_gates),
+            tuple(self.failed_gates),
+            done=True,
+        )
         return self.observation
 
     def _open(self) -> None:
@@ -320,8 +331,9 @@ class QemuPool(Backend):
     def __init__(self, config: QemuConfig = QemuConfig(), guest: GuestRecord | None = None):
         self.config = config
         if guest is None:
-            image = ImageConfig(cache=config.cache, memory_mib=config.memory_mib,
-                                accel=config.accel)
+            image = ImageConfig(
+                cache=config.cache, memory_mib=config.memory_mib, accel=config.accel
+            )
             guest = ensure_guest(image, log=log.info, build=config.build)
         self.guest = guest
         self._tmp = None
@@ -372,19 +384,26 @@ class QemuPool(Backend):
             raise RuntimeError(
                 f"all {len(self.slots)} VMs are held by open sessions for "
                 f"{self.config.vm_wait_s:.0f} s: close sessions, or raise max_vms to the "
-                "number of sessions open at once (a GRPO generation batch)") from None
+                "number of sessions open at once (a GRPO generation batch)"
+            ) from None
 
     def _release(self, slot: PooledVM) -> None:
         self._free.put(slot)
 
     def describe(self) -> dict:
         """What a receipt says about this arm."""
-        return {"backend": "qemu", "vms": len(self.slots), "max_vms": self.config.ceiling,
-                "memory_mib": self.guest.memory_mib,
-                "accel": self.guest.accel, "accel_reason": self.guest.accel_reason,
-                "qemu": self.guest.qemu_version, "guest_image": self.guest.image_digest,
-                "warm_snapshot": self.guest.warm_digest,
-                "launches": sum(s.launches for s in self.slots)}
+        return {
+            "backend": "qemu",
+            "vms": len(self.slots),
+            "max_vms": self.config.ceiling,
+            "memory_mib": self.guest.memory_mib,
+            "accel": self.guest.accel,
+            "accel_reason": self.guest.accel_reason,
+            "qemu": self.guest.qemu_version,
+            "guest_image": self.guest.image_digest,
+            "warm_snapshot": self.guest.warm_digest,
+            "launches": sum(s.launches for s in self.slots),
+        }
 
     def close(self) -> None:
         for slot in self.slots:

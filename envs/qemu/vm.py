@@ -48,6 +48,8 @@ TCG_CLOCK_ARGS = "clocksource=hpet tsc=unstable"
 
 def kernel_args(accel: str) -> str:
     return f"{KERNEL_ARGS} {TCG_CLOCK_ARGS}" if accel == "tcg" else KERNEL_ARGS
+
+
 LAUNCH_TIMEOUT_S = 60.0
 MONITOR_TIMEOUT_S = 120.0  # savevm and loadvm included
 
@@ -71,37 +73,71 @@ class VMSpec:
     root: Path
     kernel: Path
     initrd: Path
-    memory_mib: int = 256
-    accel: str = "tcg"
+    memory_mib: int  # no defaults: a VM is always made from a guest record's memory and accel
+    accel: str  # kvm or tcg, as chosen for this machine (never "auto")
 
     def definition(self) -> list[str]:
         """The QEMU command line with neutral paths: what a warm snapshot is bound to."""
         args = self.args(Path("warm.qcow2"), Path("run"))
-        return ["qemu-system-x86_64", *(a.replace(str(self.root), "root.qcow2")
-                                        .replace(str(self.kernel), "vmlinuz")
-                                        .replace(str(self.initrd), "initrd.img")
-                                        for a in args[1:])]
+        return [
+            "qemu-system-x86_64",
+            *(
+                a.replace(str(self.root), "root.qcow2")
+                .replace(str(self.kernel), "vmlinuz")
+                .replace(str(self.initrd), "initrd.img")
+                for a in args[1:]
+            ),
+        ]
 
     def args(self, warm: Path, run_dir: Path) -> list[str]:
         qemu = require("qemu-system-x86_64")
         xres, yres = FB_SIZE
         return [
-            qemu, "-name", run_dir.name, "-nodefaults", "-no-user-config",
-            "-machine", f"pc,accel={self.accel}", "-smp", "1", "-m", str(self.memory_mib),
-            "-display", "none", "-device", f"VGA,xres={xres},yres={yres}",
-            "-kernel", str(self.kernel), "-initrd", str(self.initrd),
-            "-append", kernel_args(self.accel),
-            "-drive", f"file={self.root},if=none,id=root,format=qcow2,readonly=on",
-            "-device", "virtio-blk-pci,drive=root",
-            "-blockdev", f"driver=qcow2,node-name=warm,file.driver=file,file.filename={warm}",
-            "-device", "virtio-tablet-pci", "-device", "virtio-keyboard-pci",
-            "-device", "virtio-serial-pci",
-            "-chardev", f"socket,id=desk,path={run_dir / 'agent.sock'},server=on,wait=off",
-            "-device", f"virtserialport,chardev=desk,name={AGENT_PORT}",
-            "-chardev", f"socket,id=qga,path={run_dir / 'qga.sock'},server=on,wait=off",
-            "-device", f"virtserialport,chardev=qga,name={QGA_PORT}",
-            "-qmp", f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
-            "-serial", f"file:{run_dir / 'console.log'}",
+            qemu,
+            "-name",
+            run_dir.name,
+            "-nodefaults",
+            "-no-user-config",
+            "-machine",
+            f"pc,accel={self.accel}",
+            "-smp",
+            "1",
+            "-m",
+            str(self.memory_mib),
+            "-display",
+            "none",
+            "-device",
+            f"VGA,xres={xres},yres={yres}",
+            "-kernel",
+            str(self.kernel),
+            "-initrd",
+            str(self.initrd),
+            "-append",
+            kernel_args(self.accel),
+            "-drive",
+            f"file={self.root},if=none,id=root,format=qcow2,readonly=on",
+            "-device",
+            "virtio-blk-pci,drive=root",
+            "-blockdev",
+            f"driver=qcow2,node-name=warm,file.driver=file,file.filename={warm}",
+            "-device",
+            "virtio-tablet-pci",
+            "-device",
+            "virtio-keyboard-pci",
+            "-device",
+            "virtio-serial-pci",
+            "-chardev",
+            f"socket,id=desk,path={run_dir / 'agent.sock'},server=on,wait=off",
+            "-device",
+            f"virtserialport,chardev=desk,name={AGENT_PORT}",
+            "-chardev",
+            f"socket,id=qga,path={run_dir / 'qga.sock'},server=on,wait=off",
+            "-device",
+            f"virtserialport,chardev=qga,name={QGA_PORT}",
+            "-qmp",
+            f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
+            "-serial",
+            f"file:{run_dir / 'console.log'}",
         ]
 
 
@@ -167,8 +203,7 @@ class GuestAgentChannel(LineChannel):
     def sync(self, timeout: float) -> None:
         token = int.from_bytes(os.urandom(4), "big")
         self.send({"execute": "guest-sync", "arguments": {"id": token}})
-        self.receive(lambda r: r.get("return") == token, time.monotonic() + timeout,
-                     "guest-sync")
+        self.receive(lambda r: r.get("return") == token, time.monotonic() + timeout, "guest-sync")
 
 
 class VM:

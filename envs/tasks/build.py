@@ -1,6 +1,7 @@
 """Build the seeded task set: tasks.jsonl, solutions.jsonl and index.json.
 
     python -m envs.tasks.build --seed 1 --per-family 12 --out DIR [--check]
+    python -m envs.tasks.build ... --tasks T.jsonl --solutions S.jsonl --index I.json
         [--layout seeded|templated --templates K --families ...]
 
 Every task is a function of (seed, family, index) and the screen size. tasks.jsonl is what an
@@ -42,16 +43,24 @@ def task_rng(seed: int, family: str, index: int) -> random.Random:
     return random.Random(int(sha256_bytes(f"{seed}/{family}/{index}".encode())[:16], 16))
 
 
-def make_task(seed: int, family: str, index: int, width: int = 128, height: int = 128,
-              layout: str = "seeded", templates: int = 4):
+def make_task(
+    seed: int,
+    family: str,
+    index: int,
+    width: int = 128,
+    height: int = 128,
+    layout: str = "seeded",
+    templates: int = 4,
+):
     """(task, solution) for one (seed, family, index) under a layout."""
     generator = {"version": GENERATOR_VERSION, "seed": seed, "index": index}
     try:
         rng = task_rng(seed, family, index)
         if layout == "templated":
             spec, template = templated.make_spec(family, rng, width, height, seed, templates)
-            generator.update(version=templated.VERSION, layout=layout, templates=templates,
-                             template=template)
+            generator.update(
+                version=templated.VERSION, layout=layout, templates=templates, template=template
+            )
         elif layout == "seeded":
             spec = FAMILIES[family](rng, width, height)
         else:
@@ -86,9 +95,15 @@ def make_task(seed: int, family: str, index: int, width: int = 128, height: int 
     return task, {"id": task_id, "oracle": spec.oracle, "near_misses": near}
 
 
-def build(seed: int, per_family: int, width: int = 128, height: int = 128,
-          families: list[str] | None = None, layout: str = "seeded",
-          templates: int = 4) -> tuple[list[dict], list[dict]]:
+def build(
+    seed: int,
+    per_family: int,
+    width: int = 128,
+    height: int = 128,
+    families: list[str] | None = None,
+    layout: str = "seeded",
+    templates: int = 4,
+) -> tuple[list[dict], list[dict]]:
     tasks, solutions = [], []
     for family in families or list(FAMILIES):
         for index in range(per_family):
@@ -98,13 +113,27 @@ def build(seed: int, per_family: int, width: int = 128, height: int = 128,
     return tasks, solutions
 
 
-def write_build(out: Path, seed: int, per_family: int, width: int = 128, height: int = 128,
-                families: list[str] | None = None, layout: str = "seeded",
-                templates: int = 4) -> dict:
-    """Write the three files (each atomically) and return the index."""
+def output_paths(out: Path) -> dict[str, Path]:
+    """The three files of a build in one folder, by name."""
+    return {name: Path(out) / name for name in OUTPUTS}
+
+
+def write_build(
+    out: Path | dict[str, Path],
+    seed: int,
+    per_family: int,
+    width: int = 128,
+    height: int = 128,
+    families: list[str] | None = None,
+    layout: str = "seeded",
+    templates: int = 4,
+) -> dict:
+    """Write the three files (each atomically; into a folder, or to the paths given by name) and
+    return the index."""
+    paths = out if isinstance(out, dict) else output_paths(out)
     tasks, solutions = build(seed, per_family, width, height, families, layout, templates)
-    write_jsonl(out / "tasks.jsonl", tasks)
-    write_jsonl(out / "solutions.jsonl", solutions)
+    write_jsonl(paths["tasks.jsonl"], tasks)
+    write_jsonl(paths["solutions.jsonl"], solutions)
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t["family"]] = counts.get(t["family"], 0) + 1
@@ -117,9 +146,9 @@ def write_build(out: Path, seed: int, per_family: int, width: int = 128, height:
         "families": counts,
         "tasks": len(tasks),
         "near_misses": sum(len(s["near_misses"]) for s in solutions),
-        "sha256": {name: sha256_file(out / name) for name in ("tasks.jsonl", "solutions.jsonl")},
+        "sha256": {name: sha256_file(paths[name]) for name in ("tasks.jsonl", "solutions.jsonl")},
     }
-    atomic_write_json(out / "index.json", index)
+    atomic_write_json(paths["index.json"], index)
     return index
 
 
@@ -127,20 +156,48 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m envs.tasks.build", description="Build a task set.")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per-family", type=int, default=12)
-    p.add_argument("--out", type=Path, required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--out", type=Path, help="a folder for tasks.jsonl, solutions.jsonl, index.json"
+    )
+    where.add_argument("--tasks", type=Path, help="with --solutions and --index: each file's path")
+    p.add_argument("--solutions", type=Path)
+    p.add_argument("--index", type=Path)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--height", type=int, default=128)
     p.add_argument("--families", nargs="+", choices=list(FAMILIES), help="default: all")
-    p.add_argument("--layout", choices=LAYOUTS, default="seeded",
-                   help="seeded: random spots per task; templated: K templates per family")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="seeded",
+        help="seeded: random spots per task; templated: K templates per family",
+    )
     p.add_argument("--templates", type=int, default=4, help="templated only: K (2..4)")
     p.add_argument("--check", action="store_true", help="build twice, fail on any byte difference")
     args = p.parse_args(argv)
     if args.per_family < 1:
         p.error("--per-family must be at least 1")
+    if args.tasks and not (args.solutions and args.index):
+        p.error("--tasks needs --solutions and --index")
+    paths = (
+        output_paths(args.out)
+        if args.out
+        else {
+            "tasks.jsonl": args.tasks,
+            "solutions.jsonl": args.solutions,
+            "index.json": args.index,
+        }
+    )
     t0 = time.perf_counter()
-    build_args = (args.seed, args.per_family, args.width, args.height, args.families,
-                  args.layout, args.templates)
+    build_args = (
+        args.seed,
+        args.per_family,
+        args.width,
+        args.height,
+        args.families,
+        args.layout,
+        args.templates,
+    )
     try:
         if args.check:
             with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
@@ -151,16 +208,16 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"build is not deterministic: {name} differs", file=sys.stderr)
                         return 1
                 for name in OUTPUTS:
-                    atomic_write_bytes(args.out / name, (Path(a) / name).read_bytes())
-            index = json.loads((args.out / "index.json").read_text())
+                    atomic_write_bytes(paths[name], (Path(a) / name).read_bytes())
+            index = json.loads(paths["index.json"].read_text())
         else:
-            index = write_build(args.out, *build_args)
+            index = write_build(paths, *build_args)
     except ValueError as e:
         print(f"task build failed: {e}", file=sys.stderr)
         return 1
     print(
         f"{index['tasks']} tasks ({len(index['families'])} families, {index['near_misses']} near "
-        f"misses) in {args.out} in {time.perf_counter() - t0:.2f}s"
+        f"misses) in {paths['tasks.jsonl'].parent} in {time.perf_counter() - t0:.2f}s"
         + (" - two builds byte-identical" if args.check else "")
     )
     return 0

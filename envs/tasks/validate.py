@@ -7,14 +7,16 @@ near miss, and accepts the task only when the oracle scores 1 and all the others
 play valid. Exits non-zero naming the rejected tasks. It needs only `create(task) -> session`
 with `session.step(action)`, `session.verify()["score"|"valid"|"verdict"]` and
 `session.close()`, so it runs on the in-process backend (`envs.tasks.local`, the default), on
-the embedded host over HTTP (`--embedded fork|restore`) or on any Drums host (`--url`, token
-from DRUMS_TOKEN_FILE or DRUMS_TOKEN) through the Drums client.
+the embedded host over HTTP (`--embedded fork|restore`), on any Drums host (`--url`, token
+from DRUMS_TOKEN_FILE or DRUMS_TOKEN) through the Drums client, or on any arm of config.yaml
+(`--arm '{"backend": "qemu"}'`), opened by `envs.arms.open_arm`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,6 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envab.io import atomic_write_json, read_jsonl
+from envs.arms import ArmError, arm_settings, open_arm
+from envs.drums import EMBEDDED
+from envs.tasks.local import LocalBackend
 
 NOOP = "noop"
 ORACLE = "oracle"
@@ -79,8 +84,9 @@ def validate_task(create: Callable, task: Mapping, solution: Mapping) -> TaskRes
     return judge(task["id"], plays)
 
 
-def validate(create: Callable, tasks: Iterable[Mapping],
-             solutions: Iterable[Mapping]) -> list[TaskResult]:
+def validate(
+    create: Callable, tasks: Iterable[Mapping], solutions: Iterable[Mapping]
+) -> list[TaskResult]:
     """One TaskResult per task, in the tasks' order; a task without solutions is rejected."""
     by_id = {s["id"]: s for s in solutions}
     results = []
@@ -95,17 +101,33 @@ def validate(create: Callable, tasks: Iterable[Mapping],
     return results
 
 
-@contextlib.contextmanager
-def open_backend(url: str | None, embedded: str | None) -> Iterator[object]:
-    """The backend the CLI validates on: in-process, the embedded host, or a Drums host."""
-    if url is None and embedded is None:
-        from envs.tasks.local import LocalBackend
+def arm_argument(text: str) -> dict:
+    """--arm: an arm config as in config.yaml, checked against the schema here, at the edge."""
+    try:
+        arm = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    try:
+        arm_settings(arm)
+    except ArmError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return arm
 
+
+@contextlib.contextmanager
+def open_backend(
+    url: str | None = None, embedded: str | None = None, arm: Mapping | None = None
+) -> Iterator[object]:
+    """The backend the CLI validates on: in-process by default, else the arm its flags name
+    (--url: a Drums host; --embedded MODE: the embedded host; --arm: any arm of config.yaml)."""
+    if url is not None:
+        arm = {"backend": "drums", "url": url}
+    elif embedded is not None:
+        arm = {"backend": "drums", "url": EMBEDDED, "mode": embedded}
+    if arm is None:
         yield LocalBackend()
         return
-    from envs.drums import connect
-
-    with connect(url or "embedded", mode=embedded) as backend:
+    with open_arm(arm) as backend:
         yield backend
 
 
@@ -116,8 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=Path, help="write every play's score and verdict as JSON")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--url", help="validate on this Drums host (default: in-process)")
-    where.add_argument("--embedded", choices=("fork", "restore"),
-                       help="start the embedded host in this mode and validate over HTTP")
+    where.add_argument(
+        "--embedded",
+        choices=("fork", "restore"),
+        help="start the embedded host in this mode and validate over HTTP",
+    )
+    where.add_argument(
+        "--arm",
+        type=arm_argument,
+        help='validate on this arm, given as in config.yaml: \'{"backend": "qemu"}\'',
+    )
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -126,20 +156,29 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read the task set: {e}", file=sys.stderr)
         return 2
-    with open_backend(args.url, args.embedded) as backend:
-        results = validate(backend.create, tasks, solutions)
+    try:
+        with open_backend(args.url, args.embedded, args.arm) as backend:
+            results = validate(backend.create, tasks, solutions)
+    except ArmError as e:  # e.g. --url embedded, which names no mode
+        print(f"cannot open the arm: {e}", file=sys.stderr)
+        return 2
     rejected = [r for r in results if not r.accepted]
     plays = sum(len(r.plays) for r in results)
     if args.report:
-        atomic_write_json(args.report, {
-            "accepted": len(results) - len(rejected),
-            "rejected": [r.id for r in rejected],
-            "tasks": [asdict(r) for r in results],
-        })
+        atomic_write_json(
+            args.report,
+            {
+                "accepted": len(results) - len(rejected),
+                "rejected": [r.id for r in rejected],
+                "tasks": [asdict(r) for r in results],
+            },
+        )
     for r in rejected:
         print(f"rejected {r.id}: {'; '.join(r.reasons)}", file=sys.stderr)
-    print(f"{len(results) - len(rejected)}/{len(results)} tasks accepted ({plays} plays) "
-          f"in {time.perf_counter() - t0:.2f}s")
+    print(
+        f"{len(results) - len(rejected)}/{len(results)} tasks accepted ({plays} plays) "
+        f"in {time.perf_counter() - t0:.2f}s"
+    )
     return 1 if rejected else 0
 
 

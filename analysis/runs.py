@@ -1,0 +1,56 @@
+"""One training run's records as the analysis reads them: what the run is pinned to
+(pins.json), its checkpoint records (checkpoints.jsonl), its final counters and stop reason
+(run.json) and the held-out evaluation of each checkpoint (eval/<checkpoint>.json).
+
+The caller names every file; nothing is found by globbing a directory, so each file a job reads is
+one its Snakemake rule declares.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from envab.hashing import sha256_file
+from envab.io import read_jsonl
+
+
+@dataclass
+class RunRecords:
+    arm: str
+    seed: int
+    pins: dict
+    checkpoints: list[dict]
+    evaluations: dict[str, dict]  # checkpoint name -> held-out result
+    final: dict  # run.json
+    inputs: dict[str, str]  # path -> sha256 of every file read
+
+    @classmethod
+    def load(
+        cls,
+        pins: str | Path,
+        checkpoints: str | Path,
+        run: str | Path,
+        evaluations: Iterable[str | Path],
+    ) -> RunRecords:
+        """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint."""
+        # Sorted so the per-run sums over evaluations add up in the same order however the
+        # files are given.
+        evaluation_files = sorted(Path(e) for e in evaluations)
+        names = [e.stem for e in evaluation_files]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"more than one evaluation file for checkpoint(s) {repeated}")
+        files = [Path(pins), Path(checkpoints), Path(run), *evaluation_files]
+        pinned = json.loads(files[0].read_text())
+        return cls(
+            arm=pinned["arm"],
+            seed=pinned["seed"],
+            pins=pinned,
+            checkpoints=list(read_jsonl(files[1])),
+            evaluations={e.stem: json.loads(e.read_text()) for e in evaluation_files},
+            final=json.loads(files[2].read_text()),
+            inputs={f.as_posix(): sha256_file(f) for f in files},
+        )

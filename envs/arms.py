@@ -1,0 +1,46 @@
+"""Open the backend an arm of config.yaml names: the one way every stage reaches an environment.
+
+    with open_arm({"backend": "drums", "url": "embedded", "mode": "fork"}) as backend:
+        session = backend.create(task)
+
+The arm is checked against the config schema and its defaults are filled first (`arm_settings`),
+so a partial arm works and a wrong one is refused with one line (ArmError) before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from envs.arm_schema import ArmError, arm_settings
+from envs.drums import EMBEDDED, connect
+from envs.protocol import Backend
+from envs.qemu.pool import QemuConfig, QemuPool
+
+__all__ = ["ArmError", "arm_settings", "open_arm"]
+
+
+@contextmanager
+def open_arm(
+    arm_config: Mapping, *, log_path: str | None = None, allow_faults: bool = False
+) -> Iterator[Backend]:
+    """The backend of `arm_config` for the block's length: a QEMU pool, a Drums host, or the
+    embedded host started for the block (its output appended to `log_path`). `allow_faults` turns
+    the embedded host's fault switches on (tests, reliability runs); no other host is asked to."""
+    arm = arm_settings(arm_config)
+    if arm["backend"] == "qemu":
+        if allow_faults:
+            raise ArmError("fault injection is a switch of the embedded host, not of a VM pool")
+        with QemuPool(QemuConfig.from_arm(arm)) as pool:
+            yield pool
+        return
+    if allow_faults and arm["url"] != EMBEDDED:
+        raise ArmError("fault injection needs the embedded host (url: embedded)")
+    with connect(
+        arm["url"],
+        mode=arm.get("mode"),
+        token_file=arm.get("token_file"),
+        log_path=log_path,
+        allow_faults=allow_faults,
+    ) as backend:
+        yield backend

@@ -1,0 +1,145 @@
+"""Opening an arm: one way for every stage, the arm checked and its defaults filled from the
+config schema, a wrong arm refused with one line before anything starts."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate as snakemake_validate
+
+from envab.schema import CONFIG_SCHEMA
+from envs.arm_schema import QEMU_DEFAULTS
+from envs.arms import ArmError, arm_settings, open_arm
+from envs.drums import DrumsBackend
+from envs.protocol import ActionRejected
+from envs.qemu.image import ImageConfig
+from envs.qemu.pool import QemuConfig
+from envs.tasks.build import build
+
+REPO = Path(__file__).resolve().parent.parent
+# Every qemu default, as QemuConfig had them written before the schema held them.
+QEMU_SETTINGS = {
+    "vms": 1,
+    "max_vms": None,
+    "memory_mib": 256,
+    "accel": "auto",
+    "cache": "build/qemu",
+    "step_timeout_s": 10.0,
+    "create_timeout_s": 30.0,
+    "screen_wait_s": 2.0,
+    "vm_wait_s": 60.0,
+}
+
+
+def test_a_drums_embedded_arm_opens_creates_and_verifies():
+    tasks, solutions = build(seed=3, per_family=1)
+    task = next(t for t in tasks if t["family"] == "click_button")
+    oracle = next(s for s in solutions if s["id"] == task["id"])["oracle"]
+    with open_arm({"backend": "drums", "url": "embedded", "mode": "fork"}) as backend:
+        assert isinstance(backend, DrumsBackend) and backend.can_fork
+        with backend.create(task) as session:
+            assert session.observation.valid
+            with pytest.raises(ActionRejected, match="outside"):
+                session.step({"action_type": "CLICK", "parameters": {"x": 999, "y": 1}})
+            for action in oracle:
+                session.step(action)
+            v = session.verify()
+    assert (v.valid, v.score, v.verdict) == (True, 1.0, "valid")
+    assert (v["valid"], v["score"], v["verdict"]) == (True, 1.0, "valid")  # how validate reads it
+
+
+@pytest.mark.parametrize(
+    ("arm", "faults", "message"),
+    [
+        ({"backend": "drums"}, False, "arm: 'url' is a required property"),
+        ({"backend": "drums", "url": "embedded"}, False, "arm: 'mode' is a required property"),
+        (
+            {"backend": "drums", "url": "embedded", "mode": "forkk"},
+            False,
+            "arm.mode: 'forkk' is not one of ['fork', 'restore']",
+        ),
+        (
+            {"backend": "drums", "url": "embedded", "mode": "fork", "vms": 2},
+            False,
+            "arm: unknown key ('vms' was unexpected)",
+        ),
+        ({"backend": "qemu", "vms": 0}, False, "arm.vms: 0 is less than the minimum of 1"),
+        ({"backend": "qemu", "url": "embedded"}, False, "arm: unknown key ('url' was unexpected)"),
+        ({"backend": "kvm"}, False, "arm.backend: 'kvm' is not one of ['drums', 'qemu']"),
+        ({"vms": 2}, False, "arm: 'backend' is a required property"),
+        (
+            {"backend": "drums", "url": "http://127.0.0.1:9"},
+            True,
+            "fault injection needs the embedded host (url: embedded)",
+        ),
+        # No QEMU here: had the pool been started, this would be a missing tool, not ArmError.
+        (
+            {"backend": "qemu"},
+            True,
+            "fault injection is a switch of the embedded host, not of a VM pool",
+        ),
+    ],
+)
+def test_a_wrong_arm_is_refused_with_one_line_before_anything_starts(arm, faults, message):
+    given = copy.deepcopy(arm)
+    with pytest.raises(ArmError) as refused, open_arm(arm, allow_faults=faults):
+        pass
+    assert str(refused.value) == message
+    assert isinstance(refused.value, ValueError)
+    assert arm == given  # the caller's arm is never changed
+
+
+def test_qemu_arms_get_every_default_from_the_schema_and_drums_arms_none():
+    assert arm_settings({"backend": "qemu", "vms": 8}) == {
+        "backend": "qemu",
+        **QEMU_SETTINGS,
+        "vms": 8,
+    }
+    drums = {"backend": "drums", "url": "embedded", "mode": "fork"}
+    assert arm_settings(drums) == drums
+    # The numbers are written once: QemuConfig, ImageConfig and QEMU_DEFAULTS read the schema's.
+    assert QEMU_DEFAULTS == {"backend": "qemu", **QEMU_SETTINGS}
+    assert dataclasses.asdict(QemuConfig()) == {
+        **QEMU_SETTINGS,
+        "cache": Path("build/qemu"),
+        "build": True,
+        "run_dir": None,
+    }
+    assert (ImageConfig().cache, ImageConfig().memory_mib, ImageConfig().accel) == (
+        Path("build/qemu"),
+        256,
+        "auto",
+    )
+    # config.yaml's qemu arm builds the same QemuConfig as before the schema held the defaults.
+    shipped = {"backend": "qemu", "vms": 8, "max_vms": 16, "memory_mib": 256, "accel": "auto"}
+    assert QemuConfig.from_arm(shipped) == QemuConfig(
+        vms=8,
+        max_vms=16,
+        memory_mib=256,
+        accel="auto",
+        cache=Path("build/qemu"),
+        step_timeout_s=10.0,
+        create_timeout_s=30.0,
+        screen_wait_s=2.0,
+        vm_wait_s=60.0,
+    )
+    with pytest.raises(ArmError, match=r"^arm: unknown key \('build' was unexpected\)$"):
+        QemuConfig.from_arm({"backend": "qemu", "build": False})
+
+
+def test_snakemakes_validate_fills_the_qemu_branch_only():
+    """What rules/common.smk runs: Snakemake's default filling reaches into the if/then branch
+    of a qemu arm (rules/guest.smk reads cache, memory_mib and accel from it) and not into a
+    drums arm, which must stay exactly as written (its pins and evaluation bytes)."""
+    with open(REPO / "config.yaml") as f:
+        config = yaml.safe_load(f)
+    config["arms"]["bare_qemu"] = {"backend": "qemu"}
+    written = copy.deepcopy(config)
+    snakemake_validate(config, str(CONFIG_SCHEMA))
+    assert config["arms"]["drums"] == written["arms"]["drums"]
+    assert config["arms"]["bare_qemu"] == QEMU_DEFAULTS
+    assert config["arms"]["qemu"] == {**QEMU_DEFAULTS, **written["arms"]["qemu"]}

@@ -1,0 +1,85 @@
+"""Freeze the model: build (builtin) or fetch (hub) it, check it against the config's manifest,
+write its receipt.
+
+    python -m trainer.pin --target preregistration/target.yaml \
+        --receipts receipts/<exp>/preregistration.json --source builtin:tiny-qwen3-vl \
+        --spec '{"seed": 0}' --tasks results/<exp>/tasks/train.jsonl \
+        --manifest '{"config.json": "..."}' --out results/<exp>/model \
+        --receipt receipts/<exp>/model.json
+
+The builtin tiny model's tokenizer is trained on the training split's instructions only, so it
+never sees held-out text. Errors are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from envab import preregistration
+from envab.hashing import aggregate_digest
+from envab.receipts import Receipts, subject, write_receipt
+from envab.schema import ConfigError
+from trainer.model import (
+    ModelPinError,
+    check_manifest,
+    materialize,
+    parse_source,
+    spec_from_mapping,
+)
+
+
+def pin_model(args) -> dict[str, str]:
+    receipts = Receipts(args.receipts)
+    preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    out = Path(args.out)
+    spec = json.loads(args.spec)
+    source = parse_source(args.source, spec_from_mapping(spec))
+    materialize(source, out, tasks=args.tasks)
+    files = check_manifest(out, json.loads(args.manifest))
+    write_receipt(
+        args.receipt,
+        "model",
+        subjects=[subject(out / path, digest) for path, digest in files.items()],
+        predicate={
+            "source": args.source,
+            "spec": spec,
+            "directory": out.as_posix(),
+            "files": files,
+            "sha256": aggregate_digest(files),
+        },
+        depends_on=receipts.paths,
+    )
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.pin", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
+    parser.add_argument(
+        "--receipts", nargs="+", required=True, help="the freeze receipt(s) it builds on"
+    )
+    parser.add_argument(
+        "--source", required=True, help="builtin:tiny-qwen3-vl or hf://owner/name@commit"
+    )
+    parser.add_argument("--spec", default="{}", help="JSON: builder settings of the builtin model")
+    parser.add_argument("--tasks", required=True, help="train.jsonl: the tiny tokenizer's corpus")
+    parser.add_argument("--manifest", required=True, help="JSON: relative path -> sha256")
+    parser.add_argument("--out", required=True, help="the model folder")
+    parser.add_argument("--receipt", required=True, help="receipts/<exp>/model.json")
+    args = parser.parse_args(argv)
+    try:
+        files = pin_model(args)
+    except (ConfigError, ModelPinError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"model: {len(files)} files match the manifest")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
