@@ -10,8 +10,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on CI machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.runs import RunRecords  # noqa: E402
-from analysis.statistics import wilson_interval  # noqa: E402
+from envab.analysis.runs import RunRecords  # noqa: E402
+from envab.analysis.statistics import wilson_interval  # noqa: E402
 
 VIEWS = {
     "valid": ("valid_trajectories", "valid trajectories consumed"),

@@ -15,10 +15,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from analysis.figures import plot_curves
-from analysis.runs import RunRecords
-from analysis.statistics import coincidence
-from analysis.time_to_target import time_to_target
+from envab.analysis.figures import plot_curves
+from envab.analysis.runs import RunRecords
+from envab.analysis.statistics import coincidence
+from envab.analysis.time_to_target import time_to_target
 from envab.io import atomic_write_json, atomic_write_text
 from envab.preregistration import Preregistration, check_frozen
 from envab.receipts import subject, write_receipt
@@ -209,7 +209,7 @@ def render_markdown(outcome: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.outcome", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m envab.analysis.outcome", description=__doc__)
     parser.add_argument("--target", required=True, help="preregistration/target.yaml")
     parser.add_argument(
         "--frozen", required=True, help="its freeze receipt: receipts/<exp>/preregistration.json"

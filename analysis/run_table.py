@@ -2,7 +2,7 @@
 of the valid trajectories since the previous checkpoint (sampled, as GRPO saw them) and the
 held-out result.
 
-python -m analysis.run_table --pins pins.json --checkpoints checkpoints.jsonl --run run.json
+python -m envab.analysis.run_table --pins pins.json --checkpoints checkpoints.jsonl --run run.json
     --evals eval/<checkpoint>.json ... --out curve.csv
 """
 
@@ -12,7 +12,7 @@ import argparse
 
 import pandas as pd
 
-from analysis.runs import RunRecords
+from envab.analysis.runs import RunRecords
 
 COLUMNS = [
     "checkpoint",
@@ -48,7 +48,7 @@ def run_table(run: RunRecords) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m analysis.run_table",
+        prog="python -m envab.analysis.run_table",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envs.desktop import Desktop  # noqa: E402
-from envs.tasks.build import build  # noqa: E402
-from envs.tasks.local import LocalBackend  # noqa: E402
-from envs.tasks.validate import validate  # noqa: E402
+from envab.envs.desktop import Desktop  # noqa: E402
+from envab.envs.tasks.build import build  # noqa: E402
+from envab.envs.tasks.local import LocalBackend  # noqa: E402
+from envab.envs.tasks.validate import validate  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -32,8 +32,10 @@ def timed(fn) -> float:
 
 def row(name: str, samples: list[float], unit: float = 1e-3, label: str = "ms") -> str:
     q = statistics.quantiles(samples, n=20) if len(samples) > 1 else samples * 19
-    return (f"| {name} | {len(samples)} | {statistics.median(samples) / unit:.3f} {label} "
-            f"| {q[18] / unit:.3f} {label} |")
+    return (
+        f"| {name} | {len(samples)} | {statistics.median(samples) / unit:.3f} {label} "
+        f"| {q[18] / unit:.3f} {label} |"
+    )
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from envs.drums import DrumsBackend
-from envs.host import serve_embedded
-from envs.tasks.build import build
+from envab.envs.drums import DrumsBackend
+from envab.envs.host import serve_embedded
+from envab.envs.tasks.build import build
 
 MODES = ("restore", "fork")
 PARALLEL = (1, 2, 4)
@@ -40,8 +40,9 @@ def summary(xs: list[float]) -> tuple[float, float]:
     return statistics.median(ms), p95
 
 
-def measure_latency(backend: DrumsBackend, mode: str, tasks, oracle, rounds: int,
-                    group: int) -> dict[str, dict[str, list[float]]]:
+def measure_latency(
+    backend: DrumsBackend, mode: str, tasks, oracle, rounds: int, group: int
+) -> dict[str, dict[str, list[float]]]:
     out = {k: {"client": [], "host": []} for k in ("create", "fork_per_child", "step")}
     for i in range(rounds):
         task = tasks[i % len(tasks)]
@@ -68,8 +69,9 @@ def measure_latency(backend: DrumsBackend, mode: str, tasks, oracle, rounds: int
     return out
 
 
-def rollouts(backend: DrumsBackend, mode: str, tasks, oracle, parallel: int, seconds: float,
-             group: int) -> dict:
+def rollouts(
+    backend: DrumsBackend, mode: str, tasks, oracle, parallel: int, seconds: float, group: int
+) -> dict:
     """Run `parallel` environments at once for `seconds`; count valid verified rollouts."""
     counts = {"valid": 0, "invalid": 0, "success": 0}
     lock = threading.Lock()
@@ -126,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         token_file = Path(tmp) / "token"
         token_file.write_text(secrets.token_hex(16))
         for mode in MODES:
-            with serve_embedded(mode, token_file) as url, \
-                    DrumsBackend(url, token_file=token_file) as backend:
+            with (
+                serve_embedded(mode, token_file) as url,
+                DrumsBackend(url, token_file=token_file) as backend,
+            ):
                 lat = measure_latency(backend, mode, tasks, oracle, args.rounds, args.group)
                 results["latency"][mode] = {
                     op: {side: summary(xs) for side, xs in sides.items() if xs}
@@ -144,25 +148,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(results: dict) -> str:
-    lines = ["| mode | operation | client median ms | client p95 ms | host median ms | "
-             "host p95 ms |", "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| mode | operation | client median ms | client p95 ms | host median ms | host p95 ms |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for mode, ops in results["latency"].items():
         for op, sides in ops.items():
             if not sides:
                 continue
             c, h = sides["client"], sides["host"]
             lines.append(f"| {mode} | {op} | {c[0]:.1f} | {c[1]:.1f} | {h[0]:.1f} | {h[1]:.1f} |")
-    lines += ["", "| mode | " + " | ".join(f"{n} env{'s' if n > 1 else ''}" for n in PARALLEL)
-              + " |", "|---|" + "---:|" * len(PARALLEL)]
+    lines += [
+        "",
+        "| mode | " + " | ".join(f"{n} env{'s' if n > 1 else ''}" for n in PARALLEL) + " |",
+        "|---|" + "---:|" * len(PARALLEL),
+    ]
     for mode, cells in results["throughput"].items():
         row = [f"{cells[n]['per_host_hour']:,.0f}" for n in PARALLEL]
         lines.append(f"| {mode} | " + " | ".join(row) + " |")
     invalid = sum(c["invalid"] for cells in results["throughput"].values() for c in cells.values())
     valid = sum(c["valid"] for cells in results["throughput"].values() for c in cells.values())
-    success = sum(c["success"] for cells in results["throughput"].values()
-                  for c in cells.values())
-    lines += ["", f"valid rollouts per host-hour, oracle policy; {valid} valid "
-              f"({success} scored 1), {invalid} invalid"]
+    success = sum(c["success"] for cells in results["throughput"].values() for c in cells.values())
+    lines += [
+        "",
+        f"valid rollouts per host-hour, oracle policy; {valid} valid "
+        f"({success} scored 1), {invalid} invalid",
+    ]
     return "\n".join(lines)
 
 

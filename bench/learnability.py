@@ -81,6 +81,7 @@ negative advantages. Measured (in-process arm, 96 / 32 tasks, sampled evaluation
   once, the evaluation one unpadded sequence; that is the first difference to look at).
 - GRPO ~2.3 s/step on this machine (1 thread each, two runs side by side).
 """
+
 import argparse
 import contextlib
 import dataclasses
@@ -109,36 +110,48 @@ p.add_argument("--temp", type=float, default=1.0)
 p.add_argument("--beta", type=float, default=0.04, help="KL coefficient against the warm start")
 p.add_argument("--max-turns", type=int, default=1)
 p.add_argument("--max-completion", type=int, default=128)
-p.add_argument("--reuse-sft", action="store_true",
-               help="skip SFT when OUT/sft exists (rerun GRPO on the same warm start)")
-p.add_argument("--arm", choices=("local", "restore", "fork", "qemu"), default="local",
-               help="local: in-process; restore/fork: the embedded Drums host; qemu: a VM pool "
-                    "of 16 (one generation batch), the guest from build/qemu")
+p.add_argument(
+    "--reuse-sft",
+    action="store_true",
+    help="skip SFT when OUT/sft exists (rerun GRPO on the same warm start)",
+)
+p.add_argument(
+    "--arm",
+    choices=("local", "restore", "fork", "qemu"),
+    default="local",
+    help="local: in-process; restore/fork: the embedded Drums host; qemu: a VM pool "
+    "of 16 (one generation batch), the guest from build/qemu",
+)
 p.add_argument("--threads", type=int, default=2)
-p.add_argument("--eval-temp", type=float, default=1.0,
-               help="evaluation temperature (0: greedy; 1.0: the policy as GRPO samples it)")
+p.add_argument(
+    "--eval-temp",
+    type=float,
+    default=1.0,
+    help="evaluation temperature (0: greedy; 1.0: the policy as GRPO samples it)",
+)
 p.add_argument("--eval-seeds", type=int, default=2, help="evaluation seeds (episodes per task)")
 p.add_argument("--eval-steps", type=int, default=1, help="evaluation max_steps (actions)")
 args = p.parse_args()
 
 torch.set_num_threads(args.threads)
 
-from trainer import agent  # noqa: E402
+from envab.trainer import agent  # noqa: E402
 
 TOOLS = agent.tool_set(args.toolset)
 
+from envab.envs.tasks.local import LocalBackend  # noqa: E402
+from envab.eval.heldout import Policy, Protocol, evaluate  # noqa: E402
 from envab.split import split_tasks  # noqa: E402
-from envs.tasks.local import LocalBackend  # noqa: E402
-from eval.heldout import Policy, Protocol, evaluate  # noqa: E402
-from trainer import tiny_model  # noqa: E402
-from trainer.tiny_model import TinySpec  # noqa: E402
+from envab.trainer import tiny_model  # noqa: E402
+from envab.trainer.tiny_model import TinySpec  # noqa: E402
 
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
-from envs.tasks.build import build  # noqa: E402
+from envab.envs.tasks.build import build  # noqa: E402
 
-tasks, solutions = build(1, args.per_family, families=["click_button"], layout="templated",
-                         templates=args.templates)
+tasks, solutions = build(
+    1, args.per_family, families=["click_button"], layout="templated", templates=args.templates
+)
 sols = {s["id"]: s for s in solutions}
 split = split_tasks(tasks, 0, 0.25)
 train, held = split.train, split.heldout
@@ -149,13 +162,19 @@ pinned = out / "pinned"
 if not pinned.exists():
     tiny_model.build(sorted({t["instruction"] for t in train}), pinned, TinySpec(seed=0))
 
-proto = Protocol(episodes_per_task=1, seeds=tuple(range(args.eval_seeds)),
-                 max_steps=args.eval_steps, max_invalid_retries=0, temperature=args.eval_temp,
-                 max_new_tokens=96)
+proto = Protocol(
+    episodes_per_task=1,
+    seeds=tuple(range(args.eval_seeds)),
+    max_steps=args.eval_steps,
+    max_invalid_retries=0,
+    temperature=args.eval_temp,
+    max_new_tokens=96,
+)
 
 
 class BlankFirst:
     """The backend, but the first screenshot is the window colour only."""
+
     can_fork = False
 
     def __init__(self, inner):
@@ -163,10 +182,12 @@ class BlankFirst:
 
     def create(self, task):
         from PIL import Image
+
         s = self.inner.create(task)
         shot = s.observation.screenshot
         s.observation = dataclasses.replace(
-            s.observation, screenshot=Image.new("RGB", shot.size, (228, 228, 228)))
+            s.observation, screenshot=Image.new("RGB", shot.size, (228, 228, 228))
+        )
         return s
 
 
@@ -178,37 +199,53 @@ def ev(model_dir, tasks_, backend=None, tag=""):
     by_label = {}  # the row of a click is the label's: success per label shows what was learned
     for t in tasks_:
         by_label.setdefault(t["instruction"], []).extend(r["tasks"][t["id"]])
-    labels = " ".join(f"{k.split()[1].rstrip('.')} {sum(v) / len(v):.2f}"
-                      for k, v in sorted(by_label.items()))
-    print(f"eval {tag}: {r['success_rate']:.3f} ({r['successes']}/{r['episodes']}) "
-          f"turns {sum(turns)/len(turns):.2f} in {time.time()-t0:.1f}s | {labels}", flush=True)
+    labels = " ".join(
+        f"{k.split()[1].rstrip('.')} {sum(v) / len(v):.2f}" for k, v in sorted(by_label.items())
+    )
+    print(
+        f"eval {tag}: {r['success_rate']:.3f} ({r['successes']}/{r['episodes']}) "
+        f"turns {sum(turns) / len(turns):.2f} in {time.time() - t0:.1f}s | {labels}",
+        flush=True,
+    )
     return r["success_rate"]
 
 
 def prompt_len(model_dir):
     from transformers import AutoProcessor
+
     proc = AutoProcessor.from_pretrained(model_dir)
     shot = agent.first_screenshot(train[0])
-    ids = proc.apply_chat_template(agent.task_prompt(train[0], shot), tools=list(TOOLS.tools),
-                                   add_generation_prompt=True, tokenize=True, return_dict=True)
-    return len(ids["input_ids"][0]) if hasattr(ids["input_ids"][0], "__len__") else len(
-        ids["input_ids"])
+    ids = proc.apply_chat_template(
+        agent.task_prompt(train[0], shot),
+        tools=list(TOOLS.tools),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )
+    return (
+        len(ids["input_ids"][0])
+        if hasattr(ids["input_ids"][0], "__len__")
+        else len(ids["input_ids"])
+    )
 
 
 results["prompt_tokens"] = prompt_len(pinned)
 print("prompt tokens", results["prompt_tokens"], flush=True)
 
 sft_dir = out / "sft"
-results["pinned"] = (json.loads((out / "sft_results.json").read_text()).get("pinned")
-                     if args.reuse_sft and (out / "sft_results.json").exists() else None)
+results["pinned"] = (
+    json.loads((out / "sft_results.json").read_text()).get("pinned")
+    if args.reuse_sft and (out / "sft_results.json").exists()
+    else None
+)
 if results["pinned"] is None:
     results["pinned"] = ev(pinned, held, tag="pinned")
 from datasets import Dataset  # noqa: E402
 from transformers import set_seed  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from trainer.model import load  # noqa: E402
-from trainer.sft import demonstration, demonstration_collator  # noqa: E402
+from envab.trainer.model import load  # noqa: E402
+from envab.trainer.sft import demonstration, demonstration_collator  # noqa: E402
 
 demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS) for t in train}
 set_seed(0)
@@ -216,20 +253,37 @@ model, processor = load(pinned)
 collator = demonstration_collator(processor, demos, TOOLS)
 if args.sft_prompt == "plain":  # trainer/sft.py renders the tools (WithTools); undo that
     collator.processor = processor
-cfg = SFTConfig(output_dir=str(out / "sft_scratch"), seed=0, max_steps=args.sft_steps,
-                per_device_train_batch_size=args.sft_batch, learning_rate=args.sft_lr,
-                lr_scheduler_type="constant", dataset_kwargs={"skip_prepare_dataset": True},
-                use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no",
-                logging_steps=10, report_to="none", remove_unused_columns=False,
-                dataloader_num_workers=0)
+cfg = SFTConfig(
+    output_dir=str(out / "sft_scratch"),
+    seed=0,
+    max_steps=args.sft_steps,
+    per_device_train_batch_size=args.sft_batch,
+    learning_rate=args.sft_lr,
+    lr_scheduler_type="constant",
+    dataset_kwargs={"skip_prepare_dataset": True},
+    use_cpu=True,
+    bf16=False,
+    gradient_checkpointing=False,
+    save_strategy="no",
+    logging_steps=10,
+    report_to="none",
+    remove_unused_columns=False,
+    dataloader_num_workers=0,
+)
 ds = Dataset.from_list([{"task_id": i} for i in sorted(demos)])
 if args.reuse_sft and (out / "sft_results.json").exists():
-    results.update({k: v for k, v in json.loads((out / "sft_results.json").read_text()).items()
-                    if k in ("sft_s_per_step", "sft_loss")})
+    results.update(
+        {
+            k: v
+            for k, v in json.loads((out / "sft_results.json").read_text()).items()
+            if k in ("sft_s_per_step", "sft_loss")
+        }
+    )
     print("reusing", sft_dir, flush=True)
 else:
-    tr = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=processor,
-                    data_collator=collator)
+    tr = SFTTrainer(
+        model=model, args=cfg, train_dataset=ds, processing_class=processor, data_collator=collator
+    )
     t0 = time.time()
     res = tr.train()
     results["sft_s_per_step"] = (time.time() - t0) / args.sft_steps
@@ -240,21 +294,23 @@ else:
 results["sft"] = ev(sft_dir, held, tag="sft")
 results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
 results["sft_train"] = ev(sft_dir, train, tag="sft on the training tasks")
-(out / "sft_results.json").write_text(json.dumps(
-    {k: v for k, v in results.items() if k.startswith("sft") or k == "pinned"}, indent=1))
+(out / "sft_results.json").write_text(
+    json.dumps({k: v for k, v in results.items() if k.startswith("sft") or k == "pinned"}, indent=1)
+)
 
 if args.grpo_steps:
     from datasets import Dataset
     from transformers import set_seed
     from trl import GRPOTrainer
 
-    from envs.arms import open_arm
-    from trainer.accounting import Ledger, Prices
-    from trainer.environment import GenerationClock, Run, environment_factory
-    from trainer.forkgroups import ForkGroups
-    from trainer.grpo import GrpoSettings, grpo_config
-    from trainer.guards import HeldoutGuard
-    from trainer.model import load
+    from envab.envs.arms import open_arm
+    from envab.trainer.accounting import Ledger, Prices
+    from envab.trainer.environment import GenerationClock, Run, environment_factory
+    from envab.trainer.forkgroups import ForkGroups
+    from envab.trainer.grpo import GrpoSettings, grpo_config
+    from envab.trainer.guards import HeldoutGuard
+    from envab.trainer.model import load
+
     set_seed(1)
     tmap = {t["id"]: t for t in train}
     rows, first = agent.training_rows(tmap)
@@ -262,28 +318,52 @@ if args.grpo_steps:
     model, processor = load(sft_dir)
     gdir = out / f"grpo_{args.arm}"
     gdir.mkdir(exist_ok=True)
-    ledger = Ledger(str(gdir / "traj.jsonl"), str(gdir / "ckpt.jsonl"), args.arm, 1, 10**9,
-                    Prices(0.1, 0.2))
-    settings = GrpoSettings(args.grpo_lr, args.gens, args.prompts, args.max_turns,
-                            args.max_completion, args.temp, args.beta)
+    ledger = Ledger(
+        str(gdir / "traj.jsonl"), str(gdir / "ckpt.jsonl"), args.arm, 1, 10**9, Prices(0.1, 0.2)
+    )
+    settings = GrpoSettings(
+        args.grpo_lr,
+        args.gens,
+        args.prompts,
+        args.max_turns,
+        args.max_completion,
+        args.temp,
+        args.beta,
+    )
 
     class A:
         device = "cpu"
         vllm_server = None
+
     cfg = grpo_config(settings, 1, gdir, A(), processor.tokenizer)
     cfg.max_steps = args.grpo_steps
     cfg.logging_steps = 5
     if args.arm == "local":
         cm = contextlib.nullcontext(LocalBackend())
     elif args.arm == "qemu":
-        cm = open_arm({"backend": "qemu", "vms": 8, "max_vms": args.gens * args.prompts,
-                              "memory_mib": 256, "accel": "auto"})
+        cm = open_arm(
+            {
+                "backend": "qemu",
+                "vms": 8,
+                "max_vms": args.gens * args.prompts,
+                "memory_mib": 256,
+                "accel": "auto",
+            }
+        )
     else:
         cm = open_arm({"backend": "drums", "url": "embedded", "mode": args.arm})
     with cm as backend:
         groups = ForkGroups(backend, args.gens)
-        run = Run(tmap, first, HeldoutGuard({t["id"] for t in held}), ledger, groups,
-                  tools=TOOLS, max_turns=args.max_turns, clock=GenerationClock())
+        run = Run(
+            tmap,
+            first,
+            HeldoutGuard({t["id"] for t in held}),
+            ledger,
+            groups,
+            tools=TOOLS,
+            max_turns=args.max_turns,
+            clock=GenerationClock(),
+        )
         from transformers import TrainerCallback
 
         class Step(TrainerCallback):
@@ -291,8 +371,15 @@ if args.grpo_steps:
                 if ledger.started is None:
                     ledger.start()
                 run.step = state.global_step + 1
-        tr = GRPOTrainer(model=model, processing_class=processor, args=cfg, train_dataset=ds,
-                         environment_factory=environment_factory(run), callbacks=[Step()])
+
+        tr = GRPOTrainer(
+            model=model,
+            processing_class=processor,
+            args=cfg,
+            train_dataset=ds,
+            environment_factory=environment_factory(run),
+            callbacks=[Step()],
+        )
         t0 = time.time()
         tr.train()
         results["grpo_s_per_step"] = (time.time() - t0) / args.grpo_steps
@@ -301,23 +388,30 @@ if args.grpo_steps:
     processor.save_pretrained(gdir / "model")
     recs = [json.loads(x) for x in (gdir / "traj.jsonl").read_text().splitlines()]
     n = len(recs) // 4
-    q = [sum(r["score"] or 0 for r in recs[i * n:(i + 1) * n]) / max(n, 1) for i in range(4)]
+    q = [sum(r["score"] or 0 for r in recs[i * n : (i + 1) * n]) / max(n, 1) for i in range(4)]
     results["grpo_train_reward_quarters"] = q
-    print("grpo train reward by quarter", [round(x, 3) for x in q],
-          f"{results['grpo_s_per_step']:.2f}s/step", flush=True)
+    print(
+        "grpo train reward by quarter",
+        [round(x, 3) for x in q],
+        f"{results['grpo_s_per_step']:.2f}s/step",
+        flush=True,
+    )
     results["grpo"] = ev(gdir / "model", held, tag="grpo")
-    results["grpo_blank"] = ev(gdir / "model", held, BlankFirst(LocalBackend()),
-                               tag="grpo blank")
+    results["grpo_blank"] = ev(gdir / "model", held, BlankFirst(LocalBackend()), tag="grpo blank")
     results["grpo_train"] = ev(gdir / "model", train, tag="grpo on the training tasks")
 results["chance"] = 1 / args.templates
 print("| stage | training tasks | held-out | held-out, blank first screenshot | s/step |")
 print("|---|---|---|---|---|")
 print(f"| pinned | | {results['pinned']:.3f} | | |")
-print(f"| SFT ({args.sft_steps} steps) | {results['sft_train']:.3f} | {results['sft']:.3f} | "
-      f"{results['sft_blank']:.3f} | {results['sft_s_per_step']:.2f} |")
+print(
+    f"| SFT ({args.sft_steps} steps) | {results['sft_train']:.3f} | {results['sft']:.3f} | "
+    f"{results['sft_blank']:.3f} | {results['sft_s_per_step']:.2f} |"
+)
 if args.grpo_steps:
-    print(f"| GRPO ({args.grpo_steps} steps, {args.arm}) | {results['grpo_train']:.3f} | "
-          f"{results['grpo']:.3f} | {results['grpo_blank']:.3f} | "
-          f"{results['grpo_s_per_step']:.2f} |")
+    print(
+        f"| GRPO ({args.grpo_steps} steps, {args.arm}) | {results['grpo_train']:.3f} | "
+        f"{results['grpo']:.3f} | {results['grpo_blank']:.3f} | "
+        f"{results['grpo_s_per_step']:.2f} |"
+    )
 print(f"chance (1/templates): {results['chance']:.3f}; prompt {results['prompt_tokens']} tokens")
 (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -29,8 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-from envs.qemu.pool import QemuConfig, QemuPool
-from envs.tasks.build import build
+from envab.envs.qemu.pool import QemuConfig, QemuPool
+from envab.envs.tasks.build import build
 
 
 def summary(xs: list[float]) -> tuple[float, float]:
@@ -96,10 +96,14 @@ def sustained(pool: QemuPool, tasks, oracle, seconds: float, batch: int) -> dict
             session.verify()
             session.close()
             by_minute.setdefault(int((time.monotonic() - t0) // 60), []).append(
-                session.timings["create_s"])
+                session.timings["create_s"]
+            )
         rounds += 1
-    return {"rounds": rounds, "batch": batch,
-            "create_by_minute": {m: xs for m, xs in sorted(by_minute.items())}}
+    return {
+        "rounds": rounds,
+        "batch": batch,
+        "create_by_minute": {m: xs for m, xs in sorted(by_minute.items())},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="per throughput cell")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per-family", type=int, default=2)
-    p.add_argument("--sustained", type=float, default=0.0,
-                   help="seconds of GRPO-like rounds (0: skip)")
+    p.add_argument(
+        "--sustained", type=float, default=0.0, help="seconds of GRPO-like rounds (0: skip)"
+    )
     p.add_argument("--batch", type=int, default=16, help="sessions open at once in --sustained")
     p.add_argument("--out", type=Path, help="also write the numbers as JSON")
     args = p.parse_args(argv)
@@ -129,15 +134,17 @@ def main(argv: list[str] | None = None) -> int:
             results["latency"][memory]["load"] = os.getloadavg()[0]
         print(f"latency at {memory} MiB done", file=sys.stderr, flush=True)
     for vms in args.vms:
-        config = QemuConfig(vms=vms, memory_mib=args.memory[0], cache=args.cache,
-                            step_timeout_s=30.0)
+        config = QemuConfig(
+            vms=vms, memory_mib=args.memory[0], cache=args.cache, step_timeout_s=30.0
+        )
         with QemuPool(config) as pool:
             results["rollouts"][vms] = rollouts(pool, tasks, oracle, args.seconds)
             results["rollouts"][vms]["load"] = os.getloadavg()[0]
         print(f"rollouts at {vms} VMs done", file=sys.stderr, flush=True)
     if args.sustained > 0:
-        config = QemuConfig(vms=args.batch, memory_mib=args.memory[0], cache=args.cache,
-                            step_timeout_s=30.0)
+        config = QemuConfig(
+            vms=args.batch, memory_mib=args.memory[0], cache=args.cache, step_timeout_s=30.0
+        )
         with QemuPool(config) as pool:
             results["sustained"] = sustained(pool, tasks, oracle, args.sustained, args.batch)
             results["sustained"]["load"] = os.getloadavg()[0]
@@ -149,27 +156,45 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(results: dict, memory: int) -> str:
-    lines = [f"QEMU pool ({results['accel']}, guest {results['guest_image'][:12]})", "",
-             "| memory | loadvm ms (median / p95) | create ms | step ms | load (1 min) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"QEMU pool ({results['accel']}, guest {results['guest_image'][:12]})",
+        "",
+        "| memory | loadvm ms (median / p95) | create ms | step ms | load (1 min) |",
+        "|---|---|---|---|---|",
+    ]
     for mem, lat in results["latency"].items():
-        cells = [f"{m:.0f} / {q:.0f}" for m, q in (summary(lat[k]) for k in
-                                                  ("loadvm", "create", "step"))]
+        cells = [
+            f"{m:.0f} / {q:.0f}" for m, q in (summary(lat[k]) for k in ("loadvm", "create", "step"))
+        ]
         lines.append(f"| {mem} MiB | " + " | ".join(cells) + f" | {lat['load']:.1f} |")
-    lines += ["", f"| VMs ({memory} MiB) | valid rollouts | invalid | wall s | "
-                  "valid rollouts / host-hour | load (1 min) |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"| VMs ({memory} MiB) | valid rollouts | invalid | wall s | "
+        "valid rollouts / host-hour | load (1 min) |",
+        "|---|---|---|---|---|---|",
+    ]
     for vms, r in results["rollouts"].items():
-        lines.append(f"| {vms} | {r['valid']} | {r['invalid']} | {r['wall_s']:.0f} | "
-                     f"{r['per_host_hour']:.0f} | {r['load']:.1f} |")
+        lines.append(
+            f"| {vms} | {r['valid']} | {r['invalid']} | {r['wall_s']:.0f} | "
+            f"{r['per_host_hour']:.0f} | {r['load']:.1f} |"
+        )
     if "sustained" in results:
         r = results["sustained"]
-        lines += ["", f"Sustained: {r['rounds']} rounds of {r['batch']} sessions open at once",
-                  "", "| minute | creates | create ms (median / p95) |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Sustained: {r['rounds']} rounds of {r['batch']} sessions open at once",
+            "",
+            "| minute | creates | create ms (median / p95) |",
+            "|---|---|---|",
+        ]
         for minute, xs in r["create_by_minute"].items():
             median, p95 = summary(xs)
             lines.append(f"| {minute} | {len(xs)} | {median:.0f} / {p95:.0f} |")
-    lines += ["", f"{os.cpu_count()} host cores; load is the host's 1-minute load average at "
-                  "the end of each cell (other work on the host slows TCG)."]
+    lines += [
+        "",
+        f"{os.cpu_count()} host cores; load is the host's 1-minute load average at "
+        "the end of each cell (other work on the host slows TCG).",
+    ]
     return "\n".join(lines)
 
 

@@ -19,11 +19,11 @@ import json
 import time
 from pathlib import Path
 
+from envab.envs.tasks.local import LocalBackend
+from envab.eval.heldout import Policy, Protocol, evaluate
 from envab.io import read_jsonl
 from envab.preregistration import check_frozen
-from envs.tasks.local import LocalBackend
-from eval.heldout import Policy, Protocol, evaluate
-from trainer import agent
+from envab.trainer import agent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,8 @@
     python -m envab.freeze pins --target T --receipts R/*.json --arm drums --seed 1 \
         --arm-config '{...}' --training '{...}' --out pins.json
 
-(The model is frozen by the trainer's own CLI, `python -m trainer.pin`, which knows how to build
-it.) Every subcommand but `target` first checks target.yaml against its frozen digest, found
+(The model is frozen by the trainer's own CLI, `python -m envab.trainer.pin`, which knows how to
+build it.) Every subcommand but `target` first checks target.yaml against its frozen digest, found
 among the `--receipts` it builds on. Errors are one line on stderr and exit status 2.
 """
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from envs.arm_schema import ArmError, arm_settings
-from envs.drums import EMBEDDED, connect
-from envs.protocol import Backend
-from envs.qemu.pool import QemuConfig, QemuPool
+from envab.envs.arm_schema import ArmError, arm_settings
+from envab.envs.drums import EMBEDDED, connect
+from envab.envs.protocol import Backend
+from envab.envs.qemu.pool import QemuConfig, QemuPool
 
 __all__ = ["ArmError", "arm_settings", "open_arm"]
 

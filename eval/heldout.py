@@ -1,6 +1,7 @@
 """Held-out evaluation of one checkpoint: a separate, measured workload.
 
-    python -m eval.heldout --target preregistration/target.yaml --receipts receipts/<exp>/*.json \
+    python -m envab.eval.heldout --target preregistration/target.yaml \
+        --receipts receipts/<exp>/*.json \
         --pins results/<exp>/<arm>/seed<k>/pins.json \
         --checkpoint-records results/<exp>/<arm>/seed<k>/checkpoints.jsonl \
         --checkpoint results/<exp>/<arm>/seed<k>/checkpoints/<name> \
@@ -35,16 +36,16 @@ import torch
 from trl.chat_template_utils import add_response_schema, parse_response
 
 from envab import preregistration
+from envab.envs.arms import ArmError, open_arm
 from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
 from envab.receipts import Receipts
 from envab.schema import ConfigError
 from envab.tracking import start_run
-from envs.arms import ArmError, open_arm
-from trainer import agent
-from trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
-from trainer.model import ModelPinError, load
+from envab.trainer import agent
+from envab.trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
+from envab.trainer.model import ModelPinError, load
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eval.heldout", description=__doc__.split("\n")[0]
+        prog="python -m envab.eval.heldout", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
     parser.add_argument("--receipts", nargs="+", required=True, help="the freeze receipts")

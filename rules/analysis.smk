@@ -32,7 +32,7 @@ rule outcome:
     log:
         f"{LOGS}/outcome.log",
     shell:
-        "python -m analysis.outcome --target {input.target} --frozen {input.frozen}"
+        "python -m envab.analysis.outcome --target {input.target} --frozen {input.frozen}"
         " {params.runs}"
         " --outcome-json {output.json} --outcome-md {output.md}"
         " --curves-valid {output.curves_valid} --curves-wallclock {output.curves_wallclock}"
@@ -58,7 +58,7 @@ rule run_table:
     log:
         f"{LOGS}/run_table_{{arm}}_seed{{seed}}.log",
     shell:
-        "python -m analysis.run_table --pins {input.pins} --checkpoints {input.checkpoints}"
+        "python -m envab.analysis.run_table --pins {input.pins} --checkpoints {input.checkpoints}"
         " --run {input.run} --evals {input.evals} --out {output} > {log} 2>&1"
 
 

@@ -26,7 +26,7 @@ rule eval:
     log:
         f"{LOGS}/eval_{{arm}}_seed{{seed}}_{{name}}.log",
     shell:
-        "python -m eval.heldout --target {input.target} --receipts {input.receipts}"
+        "python -m envab.eval.heldout --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --checkpoint-records {input.records}"
         " --checkpoint {input.checkpoint} --heldout {input.heldout} --backend {params.backend}"
         " --out {output} --wandb-dir {params.wandb} > {log} 2>&1"

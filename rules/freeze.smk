@@ -36,10 +36,10 @@ if "factory" in config["tasks"]:
         shell:
             # --check builds twice and fails on any byte difference; the validator then plays
             # no-op, oracle and near misses and accepts the set only if the checkers separate them.
-            "(python -m envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
+            "(python -m envab.envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
             " {params.layout} --tasks {output.tasks} --solutions {output.solutions}"
             " --index {output.index} --check"
-            " && python -m envs.tasks.validate --tasks {output.tasks}"
+            " && python -m envab.envs.tasks.validate --tasks {output.tasks}"
             " --solutions {output.solutions}) > {log} 2>&1"
 
 else:
@@ -115,7 +115,7 @@ rule model:
     log:
         f"{LOGS}/model.log",
     shell:
-        "python -m trainer.pin --target {input.target} --receipts {input.receipt}"
+        "python -m envab.trainer.pin --target {input.target} --receipts {input.receipt}"
         " --source {params.source} --spec {params.spec} --tasks {input.train}"
         " --manifest {params.manifest} --out {output.model} --receipt {output.receipt}"
         " > {log} 2>&1"

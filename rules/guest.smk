@@ -4,7 +4,7 @@
 # the guest's sources changed; a fresh build takes a few minutes and needs root, debootstrap,
 # qemu-system-x86 and qemu-utils. The record it writes (digests, acceleration, QEMU version) is
 # what the run's receipts include.
-from envs.qemu.image import source_files as qemu_guest_sources
+from envab.envs.qemu.image import source_files as qemu_guest_sources
 
 if QEMU_ARMS:
 
@@ -25,5 +25,5 @@ if QEMU_ARMS:
         log:
             f"{LOGS}/{{arm}}/guest.log",
         shell:
-            "python -m envs.qemu.image --cache {params.cache} --memory {params.memory}"
+            "python -m envab.envs.qemu.image --cache {params.cache} --memory {params.memory}"
             " --accel {params.accel} --record {output} > {log} 2>&1"

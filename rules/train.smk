@@ -23,7 +23,7 @@ if SFT_ENABLED:
         log:
             f"{LOGS}/sft.log",
         shell:
-            "python -m trainer.sft --target {input.target} --receipts {input.receipts}"
+            "python -m envab.trainer.sft --target {input.target} --receipts {input.receipts}"
             " --model {input.model} --tasks {input.train} --solutions {input.solutions}"
             " --settings {params.settings} --tools {params.tools}"
             " --out {output.model} --receipt {output.receipt} > {log} 2>&1"
@@ -55,7 +55,7 @@ checkpoint train:
         host=f"{LOGS}/train_{{arm}}_seed{{seed}}.host.log",
     shell:
         # The log shows a progress bar of valid trajectories against the frozen budget.
-        "python -m trainer.grpo --target {input.target} --receipts {input.receipts}"
+        "python -m envab.trainer.grpo --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --model {input.model} --train {input.train}"
         " --trajectories {output.trajectories} --checkpoint-records {output.records}"
         " --checkpoints {output.checkpoints} --run {output.run} --host-log {log.host}"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainer.accounting import Attempt, Ledger, Prices
+from envab.trainer.accounting import Attempt, Ledger, Prices
 
 
 class FakeClock:

@@ -15,20 +15,20 @@ import pytest
 from transformers.utils import get_json_schema
 from trl.data_utils import prepare_multimodal_messages
 
-from envs.arms import open_arm
-from envs.tasks.build import build
-from envs.tasks.local import LocalBackend
-from trainer import agent
-from trainer.accounting import Ledger, Prices
-from trainer.environment import (
+from envab.envs.arms import open_arm
+from envab.envs.tasks.build import build
+from envab.envs.tasks.local import LocalBackend
+from envab.trainer import agent
+from envab.trainer.accounting import Ledger, Prices
+from envab.trainer.environment import (
     ENV_FAILED,
     GenerationClock,
     Run,
     environment_class,
     expected_first_screens,
 )
-from trainer.forkgroups import ForkGroups
-from trainer.guards import GuardError, HeldoutGuard
+from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.guards import GuardError, HeldoutGuard
 
 REPO = Path(__file__).resolve().parent.parent
 COMPUTER_13 = agent.tool_set("computer_13")
@@ -110,9 +110,9 @@ def test_an_unknown_tool_set_is_one_clear_error():
 
 @pytest.fixture(scope="module")
 def tiny(task_set, tmp_path_factory):
-    from trainer import tiny_model
-    from trainer.model import load
-    from trainer.tiny_model import TinySpec
+    from envab.trainer import tiny_model
+    from envab.trainer.model import load
+    from envab.trainer.tiny_model import TinySpec
 
     tasks, _ = task_set
     out = tmp_path_factory.mktemp("tiny") / "model"
@@ -123,7 +123,7 @@ def tiny(task_set, tmp_path_factory):
 def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, tiny):
     import torch
 
-    from trainer.sft import demonstration, demonstration_collator
+    from envab.trainer.sft import demonstration, demonstration_collator
 
     model, processor = tiny
     tasks, solutions = task_set
@@ -163,23 +163,46 @@ def test_a_turn_ends_right_after_its_first_tool_call(task_set, tiny):
     tasks, _ = task_set
     task = tasks[sorted(tasks)[0]]
     prompt = processor.apply_chat_template(
-        agent.task_prompt(task, agent.first_screenshot(task)), tools=list(COMPUTER_13.tools),
-        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+        agent.task_prompt(task, agent.first_screenshot(task)),
+        tools=list(COMPUTER_13.tools),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
     call = processor.tokenizer.encode(
-        '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>', add_special_tokens=False)
+        '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>', add_special_tokens=False
+    )
     # the prompt followed by one complete tool call; per-token fields grow with it (text tokens)
-    inputs = {k: torch.cat([v, torch.tensor([call]) if k == "input_ids" else
-                            torch.full((1, len(call)), int(k == "attention_mask"))], 1)
-              if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
-              for k, v in prompt.items()}
+    inputs = {
+        k: torch.cat(
+            [
+                v,
+                torch.tensor([call])
+                if k == "input_ids"
+                else torch.full((1, len(call)), int(k == "attention_mask")),
+            ],
+            1,
+        )
+        if k in ("input_ids", "attention_mask", "mm_token_type_ids")
+        else v
+        for k, v in prompt.items()
+    }
     eos = processor.tokenizer.eos_token_id
 
     def next_tokens(**turn):
         tokens = set()
         for seed in range(8):
             torch.manual_seed(seed)
-            out = model.generate(**inputs, max_new_tokens=1, do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, **turn)
+            out = model.generate(
+                **inputs,
+                max_new_tokens=1,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                **turn,
+            )
             tokens.add(int(out[0, -1]))
         return tokens
 
@@ -270,11 +293,13 @@ def test_a_refused_action_reads_the_same_on_every_arm(tmp_path, task_set):
     assert local == drums
 
 
-@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                    reason="qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
+@pytest.mark.skipif(
+    shutil.which("qemu-system-x86_64") is None,
+    reason="qemu-system-x86_64 is not installed (Debian package qemu-system-x86)",
+)
 def test_a_refused_action_reads_the_same_on_the_qemu_arm(tmp_path, task_set):
     """The QEMU pool refuses in the host process, before the guest sees the action."""
-    from envs.qemu import QemuConfig, QemuPool
+    from envab.envs.qemu import QemuConfig, QemuPool
 
     tasks, _ = task_set
     task_id = sorted(tasks)[0]

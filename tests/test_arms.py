@@ -11,14 +11,14 @@ import pytest
 import yaml
 from snakemake.utils import validate as snakemake_validate
 
+from envab.envs.arm_schema import QEMU_DEFAULTS
+from envab.envs.arms import ArmError, arm_settings, open_arm
+from envab.envs.drums import DrumsBackend
+from envab.envs.protocol import ActionRejected
+from envab.envs.qemu.image import ImageConfig
+from envab.envs.qemu.pool import QemuConfig
+from envab.envs.tasks.build import build
 from envab.schema import CONFIG_SCHEMA
-from envs.arm_schema import QEMU_DEFAULTS
-from envs.arms import ArmError, arm_settings, open_arm
-from envs.drums import DrumsBackend
-from envs.protocol import ActionRejected
-from envs.qemu.image import ImageConfig
-from envs.qemu.pool import QemuConfig
-from envs.tasks.build import build
 
 REPO = Path(__file__).resolve().parent.parent
 # Every qemu default, as QemuConfig had them written before the schema held them.

@@ -33,8 +33,7 @@ def error_lines(result) -> list[str]:
         (lambda c: c.update(colour="blue"), "unknown key ('colour' was unexpected)"),
         (
             lambda c: c["arms"].pop("drums"),
-            "config: arms: configured ['qemu'] but the pre-registration names "
-            "['drums', 'qemu']",
+            "config: arms: configured ['qemu'] but the pre-registration names ['drums', 'qemu']",
         ),
         (
             lambda c: c["tasks"]["factory"].pop("families"),

@@ -7,14 +7,15 @@ import io
 import pytest
 from PIL import Image
 
-from envs.desktop import Desktop, screen_of
-from envs.protocol import is_blank
+from envab.envs.desktop import Desktop, screen_of
+from envab.envs.protocol import is_blank
 
 
 def widget(wid, kind, label, rect, tab="Main", **extra):
-    return {"type": "widget",
-            "parameters": {"id": wid, "kind": kind, "label": label, "rect": rect, "tab": tab,
-                           **extra}}
+    return {
+        "type": "widget",
+        "parameters": {"id": wid, "kind": kind, "label": label, "rect": rect, "tab": tab, **extra},
+    }
 
 
 def config(dialog=False, tabs=("Main",)):
@@ -26,14 +27,28 @@ def config(dialog=False, tabs=("Main",)):
         widget("red", "checkbox", "Red", [66, 30, 40, 13], value=False, tab=first),
         widget("blue", "checkbox", "Blue", [66, 44, 46, 13], value=True, tab=first),
         widget("name", "field", "Name", [4, 46, 58, 26], tab=first),
-        widget("fruit", "list", "Fruit", [66, 60, 58, 50],
-               items=["Apple", "Pear", "Plum", "Fig", "Kiwi", "Lime"], tab=first),
+        widget(
+            "fruit",
+            "list",
+            "Fruit",
+            [66, 60, 58, 50],
+            items=["Apple", "Pear", "Plum", "Fig", "Kiwi", "Lime"],
+            tab=first,
+        ),
     ]
     if len(tabs) > 1:
         steps.append(widget("send", "button", "Send", [4, 30, 40, 13], tab=tabs[1]))
     if dialog:
-        steps.append({"type": "dialog", "parameters": {
-            "message": "Quit now?", "rect": [10, 70, 100, 36], "buttons": ["OK", "Cancel"]}})
+        steps.append(
+            {
+                "type": "dialog",
+                "parameters": {
+                    "message": "Quit now?",
+                    "rect": [10, 70, 100, 36],
+                    "buttons": ["OK", "Cancel"],
+                },
+            }
+        )
     return steps
 
 
@@ -75,7 +90,8 @@ def test_click_on_a_checkbox_changes_that_checkbox_only():
     after = values(d)
     assert after["red"] is True
     assert {k: v for k, v in after.items() if k != "red"} == {
-        k: v for k, v in before.items() if k != "red"}
+        k: v for k, v in before.items() if k != "red"
+    }
     state = d.state()
     assert state["focus"] == "red" and state["clock"] == 1
     d.apply({"action_type": "DOUBLE_CLICK", "parameters": {"x": 80, "y": 36}})
@@ -142,9 +158,12 @@ def test_tabs_hide_the_widgets_of_other_tabs():
 
 def test_snapshot_restore_gives_the_same_state_and_pixels_and_stays_playable():
     d = desktop(dialog=True)
-    for action in (click(30, 95), click(30, 64), {"action_type": "TYPING",
-                   "parameters": {"text": "owl"}},
-                   {"action_type": "SCROLL", "parameters": {"x": 80, "y": 80, "dy": -1}}):
+    for action in (
+        click(30, 95),
+        click(30, 64),
+        {"action_type": "TYPING", "parameters": {"text": "owl"}},
+        {"action_type": "SCROLL", "parameters": {"x": 80, "y": 80, "dy": -1}},
+    ):
         d.apply(action)
     r = Desktop.restore(d.snapshot())
     assert r.state_hash() == d.state_hash() and r.state() == d.state()
@@ -162,15 +181,18 @@ def test_restore_refuses_a_corrupt_snapshot():
         Desktop.restore(blob[:-5])
 
 
-@pytest.mark.parametrize("action, message", [
-    ({"action_type": "CLICK", "parameters": {"x": 200, "y": 5}}, "outside the 128x128"),
-    ({"action_type": "CLICK", "parameters": {"x": True, "y": 5}}, "integer parameter 'x'"),
-    ({"action_type": "CLICK", "parameters": {"x": 5}}, "integer parameter 'y'"),
-    ({"action_type": "PRESS", "parameters": {"key": "f13"}}, "PRESS key must be one of"),
-    ({"action_type": "TYPING", "parameters": {"text": "a\nb"}}, "untypable"),
-    ({"action_type": "DRAG_TO", "parameters": {"x": 1, "y": 1}}, "unsupported action_type"),
-    ("CLICK 1 2", "must be a dict"),
-])
+@pytest.mark.parametrize(
+    "action, message",
+    [
+        ({"action_type": "CLICK", "parameters": {"x": 200, "y": 5}}, "outside the 128x128"),
+        ({"action_type": "CLICK", "parameters": {"x": True, "y": 5}}, "integer parameter 'x'"),
+        ({"action_type": "CLICK", "parameters": {"x": 5}}, "integer parameter 'y'"),
+        ({"action_type": "PRESS", "parameters": {"key": "f13"}}, "PRESS key must be one of"),
+        ({"action_type": "TYPING", "parameters": {"text": "a\nb"}}, "untypable"),
+        ({"action_type": "DRAG_TO", "parameters": {"x": 1, "y": 1}}, "unsupported action_type"),
+        ("CLICK 1 2", "must be a dict"),
+    ],
+)
 def test_a_bad_action_raises_one_line_and_changes_nothing(action, message):
     d = desktop()
     before = d.state_hash()

@@ -12,12 +12,12 @@ import httpx
 import pytest
 from PIL import Image
 
-from envs.auth import TokenError
-from envs.drums import EMBEDDED, DrumsBackend, DrumsError, DrumsSession, connect, read_token
-from envs.host import serve_embedded
-from envs.protocol import ActionRejected, ForkUnsupported, Verification
-from envs.tasks.build import build
-from envs.tasks.validate import validate
+from envab.envs.auth import TokenError
+from envab.envs.drums import EMBEDDED, DrumsBackend, DrumsError, DrumsSession, connect, read_token
+from envab.envs.host import serve_embedded
+from envab.envs.protocol import ActionRejected, ForkUnsupported, Verification
+from envab.envs.tasks.build import build
+from envab.envs.tasks.validate import validate
 
 CLICK_CORNER = {"action_type": "CLICK", "parameters": {"x": 1, "y": 1}}
 

@@ -12,20 +12,23 @@ from pathlib import Path
 
 import pytest
 
+from envab.envs.desktop import Desktop, screen_of
+from envab.envs.protocol import is_blank
+from envab.envs.tasks.build import build, make_task
+from envab.envs.tasks.families import FAMILIES
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
-from envs.desktop import Desktop, screen_of
-from envs.protocol import is_blank
-from envs.tasks.build import build, make_task
-from envs.tasks.families import FAMILIES
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def run_build(out: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "envs.tasks.build", "--out", str(out), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "envab.envs.tasks.build", "--out", str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -76,7 +79,7 @@ def test_initial_state_hash_is_the_hash_of_the_set_up_desktop(default_set):
 
 
 def test_check_fails_on_a_nondeterministic_build(tmp_path, monkeypatch, capsys):
-    from envs.tasks import build as build_module
+    from envab.envs.tasks import build as build_module
 
     monkeypatch.setattr(build_module, "task_rng", lambda *key: random.Random())  # OS entropy
     assert build_module.main(["--per-family", "2", "--out", str(tmp_path), "--check"]) == 1

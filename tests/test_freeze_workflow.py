@@ -47,7 +47,10 @@ def test_receipts_record_what_was_frozen(frozen):
     assert set(split["per_family"]["heldout"]) == set(split["per_family"]["train"])
     model = read_receipt(frozen.root / RECEIPTS / "model.json")
     assert {s["name"].rsplit("/", 1)[-1] for s in model["subject"]} >= {
-        "config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
     }
     code = read_receipt(frozen.root / RECEIPTS / "code.json")["predicate"]
     assert {"trainer", "reward", "envs"} <= set(code["groups"])
@@ -67,9 +70,17 @@ def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
     assert receipt.read_bytes() == before
     # A stage run outside Snakemake checks the frozen digest too.
     result = frozen.python(
-        "-m", "envab.freeze", "code", "--target", "preregistration/target.yaml",
-        "--receipts", (RECEIPTS / "preregistration.json").as_posix(),
-        "--groups", '{"trainer": ["trainer/*.py"]}', "--receipt", "code.json",
+        "-m",
+        "envab.freeze",
+        "code",
+        "--target",
+        "preregistration/target.yaml",
+        "--receipts",
+        (RECEIPTS / "preregistration.json").as_posix(),
+        "--groups",
+        '{"trainer": ["trainer/*.py"]}',
+        "--receipt",
+        "code.json",
     )
     assert result.returncode == 2 and "was edited after" in result.stderr
 

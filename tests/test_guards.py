@@ -7,7 +7,7 @@ import json
 import pytest
 
 from envab.receipts import FREEZE_RECEIPTS, Receipts
-from trainer.guards import (
+from envab.trainer.guards import (
     GuardError,
     HeldoutGuard,
     check_code,

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from envs.arms import open_arm
-from envs.tasks.build import build
-from envs.tasks.local import LocalBackend
-from eval.heldout import Protocol, evaluate
-from trainer import agent
+from envab.envs.arms import open_arm
+from envab.envs.tasks.build import build
+from envab.envs.tasks.local import LocalBackend
+from envab.eval.heldout import Protocol, evaluate
+from envab.trainer import agent
 
-PROTOCOL = Protocol(episodes_per_task=1, seeds=(0,), max_steps=3, max_invalid_retries=0,
-                    temperature=0.0, max_new_tokens=32)
+PROTOCOL = Protocol(
+    episodes_per_task=1,
+    seeds=(0,),
+    max_steps=3,
+    max_invalid_retries=0,
+    temperature=0.0,
+    max_new_tokens=32,
+)
 
 
 class Scripted:
@@ -39,9 +45,13 @@ def task_and_click():
 @pytest.mark.parametrize("backend", ["local", "embedded"])
 def test_refused_calls_are_told_to_the_policy_and_the_episode_goes_on(task_and_click, backend):
     task, click = task_and_click
-    policy = Scripted([("click", {"x": 32, "y": 11804}),  # off the screen: the desktop refuses
-                       ("click", {"x": "left"}),           # not a valid call of the tool
-                       ("click", click)])
+    policy = Scripted(
+        [
+            ("click", {"x": 32, "y": 11804}),  # off the screen: the desktop refuses
+            ("click", {"x": "left"}),  # not a valid call of the tool
+            ("click", click),
+        ]
+    )
     if backend == "local":
         result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
     else:
@@ -67,10 +77,11 @@ def test_an_episode_of_refused_calls_scores_0_within_max_steps(task_and_click):
 
 
 def test_sampled_episodes_draw_independently_and_reproducibly():
-    from eval.heldout import sampler_seed
+    from envab.eval.heldout import sampler_seed
 
-    seeds = {sampler_seed(task, seed, turn) for task in ("a", "b") for seed in (0, 1)
-             for turn in (0, 1)}
+    seeds = {
+        sampler_seed(task, seed, turn) for task in ("a", "b") for seed in (0, 1) for turn in (0, 1)
+    }
     assert len(seeds) == 8  # no two (task, episode seed, turn) share a random stream
     assert sampler_seed("a", 0, 1) == sampler_seed("a", 0, 1)
     assert all(0 <= s < 2**63 for s in seeds)  # torch.manual_seed takes it
@@ -81,8 +92,9 @@ class Batched(Scripted):
 
     def act(self, messages, seed):
         self.seen.append(messages[-1])
-        calls = [{"type": "function", "function": {"name": n, "arguments": a}}
-                 for n, a in self.calls]
+        calls = [
+            {"type": "function", "function": {"name": n, "arguments": a}} for n, a in self.calls
+        ]
         return {"role": "assistant", "content": "", "tool_calls": calls}
 
 
@@ -90,8 +102,9 @@ def test_every_call_of_a_reply_is_played_up_to_max_steps(task_and_click):
     task, click = task_and_click
     # empty space, the target, done: all three are played; the fourth call comes after done
     # (and past max_steps 3), so it is not, else a second click on the target would score 0
-    policy = Batched([("click", {"x": 2, "y": 126}), ("click", click), ("done", {}),
-                      ("click", click)])
+    policy = Batched(
+        [("click", {"x": 2, "y": 126}), ("click", click), ("done", {}), ("click", click)]
+    )
     result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
     (episode,) = result["episode_records"]
     assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 1.0, 3)

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from envs.host import serve_embedded
-from envs.tasks.build import build
+from envab.envs.host import serve_embedded
+from envab.envs.tasks.build import build
 
 STEP_TIMEOUT_S = 1.0  # short, so the stall fault costs about a second
 
@@ -313,7 +313,7 @@ def test_a_host_without_a_usable_token_file_exits_with_one_line(tmp_path, conten
         [
             sys.executable,
             "-m",
-            "envs.host",
+            "envab.envs.host",
             "--mode",
             "fork",
             "--port",

@@ -19,8 +19,8 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer import model as pin
-from trainer.tiny_model import TinySpec, build_config, build_model, trl_qwen3_vl_template
+from envab.trainer import model as pin
+from envab.trainer.tiny_model import TinySpec, build_config, build_model, trl_qwen3_vl_template
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = [
@@ -33,7 +33,7 @@ TASKS = [
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None):
     return subprocess.Popen(
-        [sys.executable, "-m", "trainer.model", *args],
+        [sys.executable, "-m", "envab.trainer.model", *args],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         stdout=subprocess.PIPE,

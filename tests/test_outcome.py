@@ -1,5 +1,5 @@
 """The outcome from run records: rows per arm and seed, coincidence first, honest about seeds; and
-`python -m analysis.outcome` reading and writing exactly the files it is given."""
+`python -m envab.analysis.outcome` reading and writing exactly the files it is given."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import run_table
-from analysis.figures import plot_curves, points
-from analysis.outcome import NotComparable, compute_outcome, render_markdown
-from analysis.runs import RunRecords
+from envab.analysis import run_table
+from envab.analysis.figures import plot_curves, points
+from envab.analysis.outcome import NotComparable, compute_outcome, render_markdown
+from envab.analysis.runs import RunRecords
 from envab.hashing import sha256_file
 from envab.io import write_jsonl
 from envab.preregistration import check_frozen, freeze
@@ -221,7 +221,7 @@ def frozen_target(root: Path, monkeypatch) -> Path:
 
 def outcome_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "analysis.outcome", *args],
+        [sys.executable, "-m", "envab.analysis.outcome", *args],
         cwd=root,
         capture_output=True,
         text=True,

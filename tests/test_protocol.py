@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from envs.protocol import (
+from envab.envs.protocol import (
     GATE_VERDICT,
     Gate,
     Observation,
@@ -90,7 +90,7 @@ def test_blank_means_a_single_colour():
 
 
 def test_the_one_checker_rule_never_scores_a_failure_zero():
-    from envs.protocol import checked
+    from envab.envs.protocol import checked
 
     def crash(evaluator, state):
         raise KeyError("widget")

@@ -21,15 +21,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from envab.envs.desktop.actions import TYPABLE
+from envab.envs.protocol import ForkUnsupported, Gate, Verdict
+from envab.envs.qemu import inputs as qemu_inputs
+from envab.envs.qemu.accel import detect
+from envab.envs.qemu.inputs import ABS_SPAN, to_abs
+from envab.envs.qemu.keymap import CHAR_TO_QCODE, LINUX_TO_CHAR, LINUX_TO_PRESS, PRESS_KEYS, ROWS
+from envab.envs.qemu.tools import ToolMissing, require
+from envab.envs.tasks.build import build
+from envab.envs.tasks.local import LocalBackend
 from envab.hashing import sha256_bytes
-from envs.desktop.actions import TYPABLE
-from envs.protocol import ForkUnsupported, Gate, Verdict
-from envs.qemu.accel import detect
-from envs.qemu.inputs import ABS_SPAN, to_abs
-from envs.qemu.keymap import CHAR_TO_QCODE, LINUX_TO_CHAR, LINUX_TO_PRESS, PRESS_KEYS, ROWS
-from envs.qemu.tools import ToolMissing, require
-from envs.tasks.build import build
-from envs.tasks.local import LocalBackend
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("ENVAB_QEMU_CACHE", REPO / "build/qemu"))
@@ -66,16 +67,20 @@ def test_every_typable_character_round_trips_through_the_keyboard_table():
 
 def test_a_missing_tool_is_one_line_naming_its_debian_package(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ToolMissing, match="^debootstrap not found: install the Debian package "
-                                          "debootstrap$"):
+    with pytest.raises(
+        ToolMissing, match="^debootstrap not found: install the Debian package debootstrap$"
+    ):
         require("debootstrap")
     result = subprocess.run(
-        [sys.executable, "-m", "envs.qemu.image", "--cache", str(tmp_path / "cache")],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PATH": str(tmp_path)},
+        [sys.executable, "-m", "envab.envs.qemu.image", "--cache", str(tmp_path / "cache")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": str(tmp_path)},
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        "envs.qemu.image: qemu-system-x86_64 not found: install the Debian package "
+        "envab.envs.qemu.image: qemu-system-x86_64 not found: install the Debian package "
         "qemu-system-x86"
     ]
 
@@ -87,12 +92,15 @@ def test_a_build_without_debootstrap_stops_with_one_line_naming_it(tmp_path):
     for tool in ("qemu-system-x86_64", "qemu-img"):
         (tools / tool).symlink_to(shutil.which(tool))
     result = subprocess.run(
-        [sys.executable, "-m", "envs.qemu.image", "--cache", str(tmp_path / "cache")],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PATH": str(tools)},
+        [sys.executable, "-m", "envab.envs.qemu.image", "--cache", str(tmp_path / "cache")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": str(tools)},
     )
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
-        "envs.qemu.image: debootstrap not found: install the Debian package debootstrap"
+        "envab.envs.qemu.image: debootstrap not found: install the Debian package debootstrap"
     )
     assert not list((tmp_path / "cache").glob("images/*/root.qcow2"))
 
@@ -102,7 +110,7 @@ def test_a_build_without_debootstrap_stops_with_one_line_naming_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def pool():
-    from envs.qemu.pool import QemuConfig, QemuPool
+    from envab.envs.qemu.pool import QemuConfig, QemuPool
 
     with QemuPool(QemuConfig(vms=1, cache=CACHE, step_timeout_s=20.0)) as backend:
         yield backend
@@ -135,8 +143,9 @@ def guest_shell(vm, line: str, timeout: float = 20.0) -> str:
 
     def ask(command: str, **arguments) -> dict:
         agent.send({"execute": command, "arguments": arguments})
-        reply = agent.receive(lambda r: "return" in r or "error" in r,
-                              time.monotonic() + timeout, command)
+        reply = agent.receive(
+            lambda r: "return" in r or "error" in r, time.monotonic() + timeout, command
+        )
         assert "error" not in reply, reply
         return reply["return"]
 
@@ -179,9 +188,15 @@ def twin_episodes(tasks, solutions):
                 yield task, miss["actions"]
     task = next(t for t in tasks if t["id"].startswith("type_field"))
     click = solutions[task["id"]]["oracle"][0]
-    yield task, [click, {"action_type": "TYPING", "parameters": {"text": "aZ9 ,.-!?_~"}},
-                 {"action_type": "PRESS", "parameters": {"key": "backspace"}},
-                 {"action_type": "DONE", "parameters": {}}]
+    yield (
+        task,
+        [
+            click,
+            {"action_type": "TYPING", "parameters": {"text": "aZ9 ,.-!?_~"}},
+            {"action_type": "PRESS", "parameters": {"key": "backspace"}},
+            {"action_type": "DONE", "parameters": {}},
+        ],
+    )
 
 
 @needs_qemu
@@ -194,8 +209,9 @@ def test_play_matches_the_in_process_desktop_state_and_pixels(pool, taskset):
         with pool.create(task) as vm_session, local.create(task) as twin:
             assert vm_session.valid, vm_session.observation.failed_gates
             assert vm_session.observation.state_sha256 == twin.observation.state_sha256
-            assert vm_session.observation.screenshot.tobytes() == \
-                twin.observation.screenshot.tobytes()
+            assert (
+                vm_session.observation.screenshot.tobytes() == twin.observation.screenshot.tobytes()
+            )
             for action in actions:
                 kinds.add(action["action_type"])
                 got, want = vm_session.step(action), twin.step(action)
@@ -266,12 +282,11 @@ def test_a_dead_vm_is_invalid_then_replaced(pool, taskset):
 
 @needs_qemu
 def test_input_the_guest_reads_differently_makes_the_episode_invalid(pool, taskset, monkeypatch):
-    import envs.qemu.inputs
 
     tasks, solutions = taskset
     task = next(t for t in tasks if t["id"].startswith("click_button"))
-    true_abs = envs.qemu.inputs.to_abs
-    monkeypatch.setattr(envs.qemu.inputs, "to_abs", lambda px, span: true_abs(px + 1, span))
+    true_abs = qemu_inputs.to_abs
+    monkeypatch.setattr(qemu_inputs, "to_abs", lambda px, span: true_abs(px + 1, span))
     with pool.create(task) as session:
         obs = session.step(solutions[task["id"]]["oracle"][0])
         assert obs.failed_gates == (Gate.WORKER_ALIVE,)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.statistics import coincidence, wilson_interval
+from envab.analysis.statistics import coincidence, wilson_interval
 
 
 def test_wilson_interval_brackets_the_rate_and_narrows_with_n():

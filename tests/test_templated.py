@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.tasks import templated
-from envs.tasks.build import build, make_task
-from envs.tasks.local import LocalBackend
-from envs.tasks.validate import validate
+from envab.envs.tasks import templated
+from envab.envs.tasks.build import build, make_task
+from envab.envs.tasks.local import LocalBackend
+from envab.envs.tasks.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = dict(seed=1, per_family=48, families=["click_button"], layout="templated", templates=2)
@@ -25,12 +25,31 @@ def templated_set():
 
 
 def test_two_processes_build_identical_bytes_and_record_the_layout(tmp_path):
-    cmd = [sys.executable, "-m", "envs.tasks.build", "--seed", "1", "--per-family", "8",
-           "--families", "click_button", "--layout", "templated", "--templates", "3",
-           "--width", "200"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envab.envs.tasks.build",
+        "--seed",
+        "1",
+        "--per-family",
+        "8",
+        "--families",
+        "click_button",
+        "--layout",
+        "templated",
+        "--templates",
+        "3",
+        "--width",
+        "200",
+    ]
     for name in ("a", "b"):
-        done = subprocess.run([*cmd, "--out", str(tmp_path / name), "--check"], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [*cmd, "--out", str(tmp_path / name), "--check"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
     for name in ("tasks.jsonl", "solutions.jsonl", "index.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
@@ -62,8 +81,11 @@ def test_decoys_fill_the_other_column_at_the_toolbar_rows(templated_set):
     tasks, _ = templated_set
     for task in tasks:
         live = task["generator"]["template"]
-        widgets = [c["parameters"] for c in task["config"]
-                   if c["type"] == "widget" and c["parameters"]["kind"] == "button"]
+        widgets = [
+            c["parameters"]
+            for c in task["config"]
+            if c["type"] == "widget" and c["parameters"]["kind"] == "button"
+        ]
         rows = defaultdict(dict)  # row top -> column -> label
         for w in widgets:
             rows[w["rect"][1]][0 if w["rect"][0] < 64 else 1] = w["label"]
@@ -98,15 +120,16 @@ def test_a_label_keeps_its_row_and_each_template_docks_in_its_own_column():
         assert {c for c, _ in t.slots.values()} == {t.index}  # docked: one column per template
         assert len({r for _, r in t.slots.values()}) == len(labels)  # a row per label
     assert {label: r for label, (_, r) in ts[0].slots.items()} == {
-        label: r for label, (_, r) in ts[1].slots.items()}  # the text alone fixes the row
+        label: r for label, (_, r) in ts[1].slots.items()
+    }  # the text alone fixes the row
     assert templated.make_templates(2, "click_button", 2, labels, 128, 128) != ts
     wide = templated.make_templates(1, "click_button", 3, labels, 200, 128)  # 3 columns
     assert [sorted({c for c, _ in t.slots.values()}) for t in wide] == [[0], [1], [2]]
 
 
 def test_the_cue_is_global_and_differs_between_templates(templated_set):
-    from envs.desktop.render import THEMES
-    from trainer.agent import first_screenshot
+    from envab.envs.desktop.render import THEMES
+    from envab.trainer.agent import first_screenshot
 
     tasks, _ = templated_set
     for task in tasks:
@@ -120,9 +143,23 @@ def test_the_cue_is_global_and_differs_between_templates(templated_set):
 @pytest.mark.parametrize("templates", [1, 3])
 def test_template_counts_out_of_range_are_one_clear_error(tmp_path, templates):
     done = subprocess.run(
-        [sys.executable, "-m", "envs.tasks.build", "--out", str(tmp_path), "--families",
-         "click_button", "--layout", "templated", "--templates", str(templates)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "envab.envs.tasks.build",
+            "--out",
+            str(tmp_path),
+            "--families",
+            "click_button",
+            "--layout",
+            "templated",
+            "--templates",
+            str(templates),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1 and "templates must be 2..2 on a 128px wide screen" in done.stderr
     assert not (tmp_path / "tasks.jsonl").exists()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analysis.time_to_target import time_to_target
+from envab.analysis.time_to_target import time_to_target
 
 
 def checkpoint(n: int) -> dict:

@@ -3,7 +3,7 @@ newlines), so a model trained on rendered conversations starts its own turn righ
 
 from __future__ import annotations
 
-from trainer.tiny_model import TinySpec, tokenizer_corpus, train_tokenizer
+from envab.trainer.tiny_model import TinySpec, tokenizer_corpus, train_tokenizer
 
 
 def test_generation_prompt_plus_turn_tokenizes_like_the_whole_conversation():

@@ -126,7 +126,10 @@ def test_checkpoints_at_the_right_counts_with_their_files(trained, arm):
     )
     start = checkpoints[0]
     assert (start["checkpoint"], start["step"], start["valid_trajectories"]) == (
-        "valid-000000", 0, 0)
+        "valid-000000",
+        0,
+        0,
+    )
     assert start["wall_clock_s"] == 0 and start["env_cost_usd"] == 0
     for c in checkpoints:
         # The counters at a checkpoint are those of the attempts recorded up to its step.
@@ -194,7 +197,7 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
         [
             sys.executable,
             "-m",
-            "trainer.grpo",
+            "envab.trainer.grpo",
             "--target",
             "preregistration/target.yaml",
             "--pins",

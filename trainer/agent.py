@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from envs.desktop import Desktop, screen_of
-from envs.protocol import check_action
+from envab.envs.desktop import Desktop, screen_of
+from envab.envs.protocol import check_action
 
 # --- the tools -----------------------------------------------------------------------------------
 # Names and docstrings are what the model reads (they are rendered into the system prompt); the

@@ -31,14 +31,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from envab.envs.protocol import Gate, Session, Verification
 from envab.receipts import utc_now
-from envs.protocol import Gate, Session, Verification
-from trainer import agent
-from trainer.accounting import Attempt, Ledger
-from trainer.forkgroups import ForkGroups
-from trainer.guards import GuardError, HeldoutGuard
+from envab.trainer import agent
+from envab.trainer.accounting import Attempt, Ledger
+from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.guards import GuardError, HeldoutGuard
 
-log = logging.getLogger("trainer.environment")
+log = logging.getLogger(__name__)
 
 EPISODE_OVER = "The episode is over."
 ENV_FAILED = "The episode is over: the environment failed."

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from envs.protocol import Backend, Session
+from envab.envs.protocol import Backend, Session
 
 
 @dataclass

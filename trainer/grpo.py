@@ -1,6 +1,7 @@
 """GRPO training of one (arm, seed) run against the arm's environment, with exact accounting.
 
-    python -m trainer.grpo --target preregistration/target.yaml --receipts receipts/<exp>/*.json \
+    python -m envab.trainer.grpo --target preregistration/target.yaml \
+        --receipts receipts/<exp>/*.json \
         --pins results/<exp>/<arm>/seed<k>/pins.json --model results/<exp>/sft/model \
         --train results/<exp>/tasks/train.jsonl --trajectories .../trajectories.jsonl \
         --checkpoint-records .../checkpoints.jsonl --checkpoints .../checkpoints --run .../run.json
@@ -21,8 +22,9 @@ Reads top to bottom in the order a run happens, one short function a step:
 
 Settings come from the run's pins (`training`, frozen with the run), the checkpoint interval and
 the budget from the frozen pre-registration. The GPU path (`--device cuda`: vLLM in server mode,
-pinned to 0.30-0.31, optional LoRA through peft, launched with `accelerate launch -m trainer.grpo
-...`) is written but has never run: the machines this was built on have no GPU.
+pinned to 0.30-0.31, optional LoRA through peft, launched with
+`accelerate launch -m envab.trainer.grpo ...`) is written but has never run: the machines this was
+built on have no GPU.
 """
 
 from __future__ import annotations
@@ -45,17 +47,17 @@ from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
 from envab import preregistration
+from envab.envs.arms import ArmError, open_arm
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import Budget, Preregistration
 from envab.receipts import Receipts, utc_now
 from envab.schema import ConfigError
-from envs.arms import ArmError, open_arm
-from trainer import agent
-from trainer.accounting import Ledger, Prices
-from trainer.environment import GenerationClock, Run, environment_factory
-from trainer.forkgroups import ForkGroups
-from trainer.guards import (
+from envab.trainer import agent
+from envab.trainer.accounting import Ledger, Prices
+from envab.trainer.environment import GenerationClock, Run, environment_factory
+from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.guards import (
     GuardError,
     HeldoutGuard,
     check_code,
@@ -64,9 +66,9 @@ from trainer.guards import (
     check_split_file,
     heldout_ids,
 )
-from trainer.model import ModelPinError, load_checked
+from envab.trainer.model import ModelPinError, load_checked
 
-log = logging.getLogger("trainer.grpo")
+log = logging.getLogger(__name__)
 
 VLLM_RANGE = ((0, 30), (0, 32))  # trl 1.16 supports vLLM >= 0.30, < 0.32
 FAULT_PLAN_ENV = "ENVAB_FAULT_PLAN"  # tests and reliability runs: a JSON file of host faults
@@ -448,7 +450,7 @@ def write_record(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.grpo", description=__doc__.split("\n")[0]
+        prog="python -m envab.trainer.grpo", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
     parser.add_argument(

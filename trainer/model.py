@@ -15,17 +15,18 @@ metadata) and the `.snakemake_timestamp` file Snakemake adds to a directory() ou
 else is ignored.
 
 CLI:
-    python -m trainer.model build --source builtin:tiny-qwen3-vl --tasks tasks.jsonl --out DIR
-    python -m trainer.model build --source hf://Qwen/Qwen3-VL-4B-Instruct@<commit> --out DIR
-    python -m trainer.model manifest DIR [--json]
-    python -m trainer.model check DIR --manifest FILE
-    python -m trainer.model pin hf://Qwen/Qwen3-VL-4B-Instruct[@<branch|tag|commit>]
+    python -m envab.trainer.model build --source builtin:tiny-qwen3-vl --tasks tasks.jsonl --out DIR
+    python -m envab.trainer.model build --source hf://Qwen/Qwen3-VL-4B-Instruct@<commit> --out DIR
+    python -m envab.trainer.model manifest DIR [--json]
+    python -m envab.trainer.model check DIR --manifest FILE
+    python -m envab.trainer.model pin hf://Qwen/Qwen3-VL-4B-Instruct[@<branch|tag|commit>]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -35,11 +36,25 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import torch
+import yaml
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
 from envab.hashing import aggregate_digest, file_manifest, sha256_file
 from envab.io import read_jsonl
 from envab.receipts import Receipts, read_receipt
-from trainer.tiny_model import SOURCE as BUILTIN_TINY
-from trainer.tiny_model import TinySpec
+from envab.trainer import tiny_model
+from envab.trainer.tiny_model import SOURCE as BUILTIN_TINY
+from envab.trainer.tiny_model import TinySpec
 
 HUB_SCHEME = "hf://"
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -78,8 +93,8 @@ class HubSource:
         if not COMMIT.fullmatch(self.revision):
             raise ModelPinError(
                 f"model source {HUB_SCHEME}{self.repo_id}@{self.revision}: revision must be a "
-                f"40-hex commit, not {self.revision!r} (get one with: python -m trainer.model pin "
-                f"{HUB_SCHEME}{self.repo_id})"
+                f"40-hex commit, not {self.revision!r} (get one with: "
+                f"python -m envab.trainer.model pin {HUB_SCHEME}{self.repo_id})"
             )
 
     def __str__(self) -> str:
@@ -87,7 +102,6 @@ class HubSource:
 
 
 def _check_repo_id(repo_id: str) -> None:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
@@ -157,7 +171,6 @@ def read_instructions(tasks_path: str | Path) -> list[str]:
 
 def build_builtin(source: BuiltinSource, instructions: list[str], out: str | Path) -> Path:
     """Build the tiny model into `out` via a temporary sibling, so `out` is never half written."""
-    from trainer import tiny_model
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -178,12 +191,6 @@ def build_builtin(source: BuiltinSource, instructions: list[str], out: str | Pat
 
 def fetch(source: HubSource, out: str | Path) -> Path:
     """Download (or, offline, reuse) the pinned snapshot into `out`."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     try:
         return Path(snapshot_download(source.repo_id, revision=source.revision, local_dir=out))
@@ -249,7 +256,7 @@ def check_manifest(model_dir: str | Path, expected: dict[str, str]) -> dict[str,
     if not expected:
         raise ModelPinError(
             "model manifest is empty; paste the output of "
-            "`python -m trainer.model manifest DIR` (or `pin`) into the config"
+            "`python -m envab.trainer.model manifest DIR` (or `pin`) into the config"
         )
     actual = model_manifest(model_dir)
     problems = manifest_problems(actual, expected)
@@ -263,7 +270,6 @@ def check_manifest(model_dir: str | Path, expected: dict[str, str]) -> dict[str,
 
 def read_manifest_file(path: str | Path) -> dict[str, str]:
     """A manifest from YAML or JSON: either the bare mapping or `{manifest: mapping}`."""
-    import yaml
 
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -284,8 +290,6 @@ def read_manifest_file(path: str | Path) -> dict[str, str]:
 
 def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: str = "float32"):
     """(model, processor) from a local model folder, checked first when a manifest is given."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model_dir = Path(model_dir)
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
@@ -322,7 +326,6 @@ def load_checked(model_dir: str | Path, receipts: Receipts):
 
 def _transport_errors() -> tuple[type[Exception], ...]:
     """Connection errors of the HTTP client under huggingface_hub (httpx2 from 2.x, else httpx)."""
-    import importlib
 
     errors = []
     for name in ("httpx2", "httpx"):
@@ -337,8 +340,6 @@ def pin(ref: str) -> tuple[HubSource, dict[str, str]]:
     LFS files carry their sha256 in the hub's tree listing; the small non-LFS files (configs,
     tokenizer, template) only carry a git blob id, so those are downloaded and hashed.
     """
-    from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     repo_id, revision = split_hub_ref(ref)
     api = HfApi()
@@ -366,7 +367,6 @@ def pin(ref: str) -> tuple[HubSource, dict[str, str]]:
 
 
 def _dump(obj, as_json: bool) -> str:
-    import yaml
 
     if as_json:
         return json.dumps(obj, indent=2, sort_keys=True)
@@ -374,7 +374,6 @@ def _dump(obj, as_json: bool) -> str:
 
 
 def _read_spec(path: str | None) -> TinySpec | None:
-    import yaml
 
     if path is None:
         return None
@@ -389,7 +388,7 @@ def _read_spec(path: str | None) -> TinySpec | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.model", description=__doc__.split("\n")[0]
+        prog="python -m envab.trainer.model", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

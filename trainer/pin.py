@@ -1,7 +1,7 @@
 """Freeze the model: build (builtin) or fetch (hub) it, check it against the config's manifest,
 write its receipt.
 
-    python -m trainer.pin --target preregistration/target.yaml \
+    python -m envab.trainer.pin --target preregistration/target.yaml \
         --receipts receipts/<exp>/preregistration.json --source builtin:tiny-qwen3-vl \
         --spec '{"seed": 0}' --tasks results/<exp>/tasks/train.jsonl \
         --manifest '{"config.json": "..."}' --out results/<exp>/model \
@@ -22,7 +22,7 @@ from envab import preregistration
 from envab.hashing import aggregate_digest
 from envab.receipts import Receipts, subject, write_receipt
 from envab.schema import ConfigError
-from trainer.model import (
+from envab.trainer.model import (
     ModelPinError,
     check_manifest,
     materialize,
@@ -57,7 +57,7 @@ def pin_model(args) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.pin", description=__doc__.split("\n")[0]
+        prog="python -m envab.trainer.pin", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
     parser.add_argument(

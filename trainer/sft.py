@@ -1,6 +1,7 @@
 """SFT warm start: TRL's SFTTrainer on oracle demonstrations of TRAINING tasks only.
 
-    python -m trainer.sft --target preregistration/target.yaml --receipts receipts/<exp>/*.json \
+    python -m envab.trainer.sft --target preregistration/target.yaml \
+        --receipts receipts/<exp>/*.json \
         --model results/<exp>/model --tasks results/<exp>/tasks/train.jsonl \
         --solutions results/<exp>/tasks/solutions.jsonl --tools click \
         --settings '{"enabled": true, "steps": 200, "batch_size": 16, "learning_rate": 0.003}' \
@@ -33,13 +34,13 @@ from trl.chat_template_utils import get_training_chat_template
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from envab import preregistration
+from envab.envs.desktop import Desktop, screen_of
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
 from envab.receipts import Receipts, subject, write_receipt
 from envab.schema import ConfigError
-from envs.desktop import Desktop, screen_of
-from trainer import agent
-from trainer.guards import (
+from envab.trainer import agent
+from envab.trainer.guards import (
     GuardError,
     HeldoutGuard,
     check_code,
@@ -47,9 +48,9 @@ from trainer.guards import (
     check_split_file,
     heldout_ids,
 )
-from trainer.model import ModelPinError, load_checked
+from envab.trainer.model import ModelPinError, load_checked
 
-log = logging.getLogger("trainer.sft")
+log = logging.getLogger(__name__)
 
 
 def demonstration(task: dict, oracle: list[dict], tools: agent.ToolSet) -> list[dict]:
@@ -196,7 +197,7 @@ def train(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.sft", description=__doc__.split("\n")[0]
+        prog="python -m envab.trainer.sft", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
     parser.add_argument("--receipts", nargs="+", required=True, help="the freeze receipts")

@@ -23,6 +23,19 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+import torch
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+from transformers import (
+    GenerationConfig,
+    Qwen2Tokenizer,
+    Qwen2VLImageProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+from transformers.utils.chat_template_utils import render_jinja_template
+
 SOURCE = "builtin:tiny-qwen3-vl"
 
 # Qwen3-VL's added tokens, in the order (and so with the relative ids) of the released tokenizer.
@@ -225,7 +238,6 @@ def sample_conversation(rng: random.Random, instruction: str, side: int) -> list
 
 def tokenizer_corpus(instructions: Sequence[str], spec: TinySpec) -> list[str]:
     """Instructions plus chats rendered with the real template and tools (seeded, ordered)."""
-    from transformers.utils.chat_template_utils import render_jinja_template
 
     if not instructions:
         raise ValueError("tiny model: the task set has no instructions to train the tokenizer on")
@@ -249,8 +261,6 @@ def tokenizer_corpus(instructions: Sequence[str], spec: TinySpec) -> list[str]:
 
 def train_tokenizer(corpus: Iterable[str], spec: TinySpec):
     """A Qwen2Tokenizer (Qwen3-VL's tokenizer class) whose BPE merges are learned from `corpus`."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
 
     # Train with exactly the normalizer and pre-tokenizer Qwen2Tokenizer rebuilds on load.
     template = Qwen2Tokenizer()
@@ -311,7 +321,6 @@ def train_tokenizer(corpus: Iterable[str], spec: TinySpec):
 
 
 def build_processor(tokenizer, spec: TinySpec):
-    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     factor = spec.patch_size * spec.merge_size
     # Pixel budget: at most one full screen, at least 2x2 merged patches.
@@ -334,7 +343,6 @@ def build_processor(tokenizer, spec: TinySpec):
 
 
 def build_config(tokenizer, spec: TinySpec):
-    from transformers import Qwen3VLConfig
 
     ids = tokenizer.convert_tokens_to_ids
     head_dim = spec.text_hidden_size // spec.text_heads
@@ -388,8 +396,6 @@ def build_config(tokenizer, spec: TinySpec):
 
 
 def build_model(config, spec: TinySpec):
-    import torch
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
     torch.manual_seed(spec.seed)
     model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()

@@ -8,6 +8,6 @@ ValueError with one line for a bad one; `screenshot()`, `state()`, `state_hash()
 task needs, so a host builds the matching desktop before the set-up.
 """
 
-from envs.desktop.desktop import Desktop, screen_of
+from envab.envs.desktop.desktop import Desktop, screen_of
 
 __all__ = ["Desktop", "screen_of"]

@@ -6,9 +6,8 @@ import json
 
 from PIL import Image
 
-from envab.hashing import canonical_json, sha256_json
-from envs.desktop.actions import Action, parse_action
-from envs.desktop.model import (
+from envab.envs.desktop.actions import Action, parse_action
+from envab.envs.desktop.model import (
     CHAR_W,
     ESCAPED,
     KINDS,
@@ -18,7 +17,8 @@ from envs.desktop.model import (
     Rect,
     Widget,
 )
-from envs.desktop.render import THEMES, render
+from envab.envs.desktop.render import THEMES, render
+from envab.hashing import canonical_json, sha256_json
 
 SNAPSHOT_MAGIC = b"envab-desktop/1\n"
 MIN_SIDE, MAX_SIDE = 64, 1024
@@ -127,8 +127,7 @@ def _inside(s: DesktopState, r: Rect, what: str, top: int = 0) -> None:
 def _step_screen(s: DesktopState, p: dict) -> None:
     if (p["width"], p["height"]) != (s.width, s.height):
         raise ValueError(
-            f"task wants a {p['width']}x{p['height']} screen, this desktop is "
-            f"{s.width}x{s.height}"
+            f"task wants a {p['width']}x{p['height']} screen, this desktop is {s.width}x{s.height}"
         )
 
 

@@ -127,9 +127,7 @@ class Dialog:
         bw = max(len(b) for b in self.buttons) * CHAR_W + 8
         gap = (self.rect.w - n * bw) // (n + 1)
         y = self.rect.y + self.rect.h - CHAR_H - 6
-        return [
-            Rect(self.rect.x + gap + i * (bw + gap), y, bw, CHAR_H + 3) for i in range(n)
-        ]
+        return [Rect(self.rect.x + gap + i * (bw + gap), y, bw, CHAR_H + 3) for i in range(n)]
 
     def to_json(self) -> dict:
         return {

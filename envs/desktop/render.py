@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from PIL import Image, ImageDraw, ImageFont
 
-from envs.desktop.model import CHAR_H, CHAR_W, ROW_H, TAB_H, TITLE_H, DesktopState, Rect, Widget
+from envab.envs.desktop.model import (
+    CHAR_H,
+    CHAR_W,
+    ROW_H,
+    TAB_H,
+    TITLE_H,
+    DesktopState,
+    Rect,
+    Widget,
+)
 
 FONT = ImageFont.load_default_imagefont()
 
@@ -70,8 +79,10 @@ def _tabs(d: ImageDraw.ImageDraw, s: DesktopState) -> None:
         _centred(d, r, name)
     d.line([0, TITLE_H + TAB_H - 1, s.width - 1, TITLE_H + TAB_H - 1], fill=INK)
     active = s.tab_rects()[s.tabs.index(s.tab)]
-    d.line([active.x + 1, TITLE_H + TAB_H - 1, active.x + active.w - 2, TITLE_H + TAB_H - 1],
-           fill=WINDOW)
+    d.line(
+        [active.x + 1, TITLE_H + TAB_H - 1, active.x + active.w - 2, TITLE_H + TAB_H - 1],
+        fill=WINDOW,
+    )
 
 
 def _button(d: ImageDraw.ImageDraw, w: Widget, focused: bool) -> None:

@@ -4,10 +4,10 @@ Exercised against the embedded host (`envs.host`) only; it has never been run ag
 drumsd. The wire format it speaks is the one documented in `envs.host`.
 """
 
-from envs.auth import read_token
-from envs.drums.client import DrumsBackend, DrumsError, DrumsSession
-from envs.drums.connect import EMBEDDED, connect
-from envs.protocol import ActionRejected
+from envab.envs.auth import read_token
+from envab.envs.drums.client import DrumsBackend, DrumsError, DrumsSession
+from envab.envs.drums.connect import EMBEDDED, connect
+from envab.envs.protocol import ActionRejected
 
 __all__ = [
     "EMBEDDED",

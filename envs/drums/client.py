@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
-from envs.auth import TokenError, read_token
-from envs.protocol import (
+from envab.envs.auth import TokenError, read_token
+from envab.envs.protocol import (
     ActionRejected,
     Backend,
     ForkUnsupported,
@@ -39,7 +39,7 @@ from envs.protocol import (
     verdict_for,
 )
 
-log = logging.getLogger("envs.drums")
+log = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({502, 503, 504})
 

@@ -7,15 +7,21 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from envs.drums.client import DrumsBackend
+from envab.envs.drums.client import DrumsBackend
 
 EMBEDDED = "embedded"
 
 
 @contextmanager
-def connect(url: str, *, mode: str | None = None, token_file: str | Path | None = None,
-            log_path: str | Path | None = None, allow_faults: bool = False,
-            **client) -> Iterator[DrumsBackend]:
+def connect(
+    url: str,
+    *,
+    mode: str | None = None,
+    token_file: str | Path | None = None,
+    log_path: str | Path | None = None,
+    allow_faults: bool = False,
+    **client,
+) -> Iterator[DrumsBackend]:
     """A DrumsBackend for `url`; for "embedded", start the host in `mode` for the block's length.
 
     An embedded host without a token file gets a fresh random token for its lifetime; with
@@ -24,7 +30,7 @@ def connect(url: str, *, mode: str | None = None, token_file: str | Path | None 
     """
     with ExitStack() as stack:
         if url == EMBEDDED:
-            from envs.host import serve_embedded, write_token_file
+            from envab.envs.host import serve_embedded, write_token_file
 
             if mode is None:
                 raise ValueError("an embedded arm needs a mode (restore or fork)")

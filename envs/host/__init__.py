@@ -1,6 +1,6 @@
 """The embedded environment host: the Drums protocol over HTTP, one worker process per desktop.
 
-Start it standalone with `python -m envs.host --mode fork|restore --port P --token-file F`, or
+Start it standalone with `python -m envab.envs.host --mode fork|restore --port P --token-file F`, or
 from Python with `serve_embedded(mode, token_file)` (a free loopback port, for one job).
 Linux only: workers are made with os.fork and their channels passed as file descriptors.
 
@@ -47,11 +47,11 @@ __all__ = ["Faults", "HostConfig", "Pool", "serve_embedded", "write_token_file"]
 def __getattr__(name: str):
     # Lazy, so a worker process (which imports envs.host.worker) never loads httpx or FastAPI.
     if name in ("serve_embedded", "write_token_file"):
-        from envs.host import embedded
+        from envab.envs.host import embedded
 
         return getattr(embedded, name)
     if name in ("Faults", "HostConfig", "Pool"):
-        from envs.host import pool
+        from envab.envs.host import pool
 
         return getattr(pool, name)
-    raise AttributeError(f"module 'envs.host' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

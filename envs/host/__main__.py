@@ -1,4 +1,4 @@
-"""python -m envs.host --mode fork|restore --port P --token-file F [--allow-faults]"""
+"""python -m envab.envs.host --mode fork|restore --port P --token-file F [--allow-faults]"""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ import sys
 
 import uvicorn
 
-from envs.host.app import build_app
-from envs.host.embedded import host_token
-from envs.host.pool import MODES, HostConfig
+from envab.envs.host.app import build_app
+from envab.envs.host.embedded import host_token
+from envab.envs.host.pool import MODES, HostConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m envs.host", description="env-ab embedded environment host (Drums protocol)"
+        prog="python -m envab.envs.host",
+        description="env-ab embedded environment host (Drums protocol)",
     )
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--token-file", required=True, help="file holding the bearer token")
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     app = build_app(config, host_token(args.token_file))
     if args.allow_faults:
-        logging.getLogger("envs.host").warning("fault injection is ON")
+        logging.getLogger("envab.envs.host").warning("fault injection is ON")
     server = uvicorn.Server(
         uvicorn.Config(
             app,

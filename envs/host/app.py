@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from envs.host.pool import (
+from envab.envs.host.pool import (
     BadRequest,
     FaultsDisabled,
     HostConfig,
@@ -22,7 +22,7 @@ from envs.host.pool import (
     Quarantined,
     UnknownEnvironment,
 )
-from envs.protocol import ActionRejected, ForkUnsupported
+from envab.envs.protocol import ActionRejected, ForkUnsupported
 
 API = "/v1"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from envs.auth import TokenError, read_token
+from envab.envs.auth import TokenError, read_token
 
 
 def host_token(path: str | Path) -> str:
@@ -51,7 +51,7 @@ def serve_embedded(
     startup_timeout_s: float = 60.0,
     extra_args: Sequence[str] = (),
 ) -> Iterator[str]:
-    """Run `python -m envs.host` on 127.0.0.1; yield its base URL; stop it on exit.
+    """Run `python -m envab.envs.host` on 127.0.0.1; yield its base URL; stop it on exit.
 
     Host output goes to `log_path` (appended) or is discarded. Raises RuntimeError with the
     log's last lines when the host does not come up healthy within `startup_timeout_s`.
@@ -65,7 +65,7 @@ def serve_embedded(
     cmd = [
         sys.executable,
         "-m",
-        "envs.host",
+        "envab.envs.host",
         "--mode",
         mode,
         "--fd",

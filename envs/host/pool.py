@@ -28,9 +28,9 @@ from typing import Any
 
 from PIL import Image
 
-from envs.host.channel import Channel, ChannelClosed, ChannelTimeout
-from envs.host.worker import load_object
-from envs.protocol import (
+from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
+from envab.envs.host.worker import load_object
+from envab.envs.protocol import (
     TERMINAL_ACTIONS,
     ActionRejected,
     ForkUnsupported,
@@ -43,11 +43,11 @@ from envs.protocol import (
     verdict_for,
 )
 
-log = logging.getLogger("envs.host")
+log = logging.getLogger(__name__)
 
 MODES = ("restore", "fork")
-# Not `-m envs.host.worker`: the package imports the worker module before runpy would run it.
-_ZYGOTE = "import sys; from envs.host.worker import main; main(sys.argv[1:])"
+# Not `-m envab.envs.host.worker`: the package imports the worker module before runpy would run it.
+_ZYGOTE = "import sys; from envab.envs.host.worker import main; main(sys.argv[1:])"
 
 
 class BadRequest(ValueError):
@@ -73,9 +73,9 @@ class HostConfig:
     step_timeout_s: float = 10.0
     create_timeout_s: float = 60.0
     max_envs: int = 512
-    desktop: str = "envs.desktop:Desktop"
-    checker: str = "envs.tasks.checkers:check"
-    screen_of: str = "envs.desktop:screen_of"
+    desktop: str = "envab.envs.desktop:Desktop"
+    checker: str = "envab.envs.tasks.checkers:check"
+    screen_of: str = "envab.envs.desktop:screen_of"
 
     def __post_init__(self):
         if self.mode not in MODES:

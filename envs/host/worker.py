@@ -1,6 +1,6 @@
 """The worker process: one environment (one desktop) per process, driven over a `Channel`.
 
-The host starts one *zygote* (`python -m envs.host.worker --fd N --mode M`), which holds the
+The host starts one *zygote* (`python -m envab.envs.host.worker --fd N --mode M`), which holds the
 prepared blank desktop of each screen size and forks a fresh worker per environment, so no
 environment pays for an interpreter start. What a new worker does next is the arm's difference:
 
@@ -26,7 +26,7 @@ import time
 
 from PIL import Image
 
-from envs.host.channel import Channel, ChannelClosed
+from envab.envs.host.channel import Channel, ChannelClosed
 
 
 def load_object(spec: str):
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="env-ab worker zygote (started by the host)")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--mode", choices=["restore", "fork"], required=True)
-    parser.add_argument("--desktop", default="envs.desktop:Desktop")
+    parser.add_argument("--desktop", default="envab.envs.desktop:Desktop")
     args = parser.parse_args(argv)
     # Children are reaped by the kernel: the host watches them through their channels.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)

@@ -1,22 +1,28 @@
 """The QEMU/KVM warm-snapshot arm: a pool of VMs restored from an internal snapshot over QMP.
 
-    from envs.qemu import QemuConfig, QemuPool
+    from envab.envs.qemu import QemuConfig, QemuPool
     with QemuPool(QemuConfig(vms=2)) as pool, pool.create(task) as session:
         ...
 
-The guest is built (and cached) by `python -m envs.qemu build`; see envs/qemu/image.py.
+The guest is built (and cached) by `python -m envab.envs.qemu build`; see envs/qemu/image.py.
 """
 
 __all__ = ["GuestRecord", "ImageConfig", "QemuConfig", "QemuPool", "QemuSession", "ensure_guest"]
 
-_HOME = {"GuestRecord": "image", "ImageConfig": "image", "ensure_guest": "image",
-         "QemuConfig": "pool", "QemuPool": "pool", "QemuSession": "pool"}
+_HOME = {
+    "GuestRecord": "image",
+    "ImageConfig": "image",
+    "ensure_guest": "image",
+    "QemuConfig": "pool",
+    "QemuPool": "pool",
+    "QemuSession": "pool",
+}
 
 
 def __getattr__(name: str):
-    # Lazy, so `python -m envs.qemu.image` runs without the package importing it first.
+    # Lazy, so `python -m envab.envs.qemu.image` runs without the package importing it first.
     if name in _HOME:
         import importlib
 
-        return getattr(importlib.import_module(f"envs.qemu.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'envs.qemu' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Command line of the QEMU arm.
 
-    python -m envs.qemu build [--cache build/qemu] [--memory 256] [--accel auto] [--record F]
-    python -m envs.qemu check [--cache build/qemu] [--memory 256] [--vms 1] [--seed 1]
+    python -m envab.envs.qemu build [--cache build/qemu] [--memory 256] [--accel auto] [--record F]
+    python -m envab.envs.qemu check [--cache build/qemu] [--memory 256] [--vms 1] [--seed 1]
 
 `build` builds (or finds cached) the guest and its warm snapshot. `check` starts the pool and
 plays every task family's oracle (must score 1) and first near miss (must score 0), printing
@@ -15,15 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-from envs.qemu import image
+from envab.envs.qemu import image
 
 
 def check(argv: list[str]) -> int:
-    from envs.qemu.pool import QemuConfig, QemuPool
-    from envs.qemu.tools import ToolMissing
-    from envs.tasks.build import build
+    from envab.envs.qemu.pool import QemuConfig, QemuPool
+    from envab.envs.qemu.tools import ToolMissing
+    from envab.envs.tasks.build import build
 
-    p = argparse.ArgumentParser(prog="python -m envs.qemu check")
+    p = argparse.ArgumentParser(prog="python -m envab.envs.qemu check")
     p.add_argument("--cache", type=Path, default=QemuConfig.cache)
     p.add_argument("--memory", type=int, default=QemuConfig.memory_mib)
     p.add_argument("--vms", type=int, default=QemuConfig.vms)
@@ -37,7 +37,7 @@ def check(argv: list[str]) -> int:
             QemuConfig(vms=args.vms, memory_mib=args.memory, cache=args.cache, build=False)
         )
     except (ToolMissing, image.BuildError) as e:
-        print(f"envs.qemu: {e}", file=sys.stderr)
+        print(f"envab.envs.qemu: {e}", file=sys.stderr)
         return 1
     with pool:
         print(f"pool: {pool.describe()}")

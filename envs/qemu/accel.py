@@ -48,12 +48,15 @@ def detect(cpuinfo: str, kvm_ok: bool) -> Acceleration:
     """What `auto` means on a machine with this /proc/cpuinfo and this /dev/kvm."""
     hardware = cpu_flags(cpuinfo) & {"vmx", "svm"}
     if hardware and kvm_ok:
-        return Acceleration("kvm", f"hardware virtualisation ({', '.join(sorted(hardware))}) "
-                                   "and a working /dev/kvm")
+        return Acceleration(
+            "kvm", f"hardware virtualisation ({', '.join(sorted(hardware))}) and a working /dev/kvm"
+        )
     if not hardware:
-        return Acceleration("tcg", "no vmx/svm in /proc/cpuinfo"
-                                   + (" (a /dev/kvm exists but is not hardware KVM)"
-                                      if kvm_ok else ""))
+        return Acceleration(
+            "tcg",
+            "no vmx/svm in /proc/cpuinfo"
+            + (" (a /dev/kvm exists but is not hardware KVM)" if kvm_ok else ""),
+        )
     return Acceleration("tcg", "vmx/svm present but /dev/kvm does not answer")
 
 

@@ -15,7 +15,7 @@ Three stages, each cached under the cache folder (default `build/qemu`) by a dig
 
 The record (`guest.json`, see `GuestRecord`) holds the digests and the acceleration for receipts.
 
-    python -m envs.qemu.image [--cache build/qemu] [--memory 256] [--accel auto] [--record F]
+    python -m envab.envs.qemu.image [--cache build/qemu] [--memory 256] [--accel auto] [--record F]
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from pathlib import Path
 
 import PIL
 
+from envab.envs.arm_schema import QEMU_DEFAULTS
+from envab.envs.desktop import Desktop
+from envab.envs.qemu.accel import choose
+from envab.envs.qemu.tools import ToolMissing, require
+from envab.envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied, VMSpec
 from envab.hashing import sha256_bytes, sha256_file, sha256_json
 from envab.io import atomic_write_json
-from envs.arm_schema import QEMU_DEFAULTS
-from envs.desktop import Desktop
-from envs.qemu.accel import choose
-from envs.qemu.tools import ToolMissing, require
-from envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied, VMSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
@@ -71,13 +71,13 @@ MASKED = (
     "systemd-update-utmp.service",
     "ldconfig.service",
 )
-# repository path -> path under /opt/envab in the guest
+# repository path -> path under /opt/envab in the guest (the envab namespace, as installed)
 GUEST_FILES = {
     "envab/__init__.py": "envab/__init__.py",
     "envab/hashing.py": "envab/hashing.py",
-    "envs/__init__.py": "envs/__init__.py",
+    "envs/__init__.py": "envab/envs/__init__.py",
     **{
-        f"envs/desktop/{p.name}": f"envs/desktop/{p.name}"
+        f"envs/desktop/{p.name}": f"envab/envs/desktop/{p.name}"
         for p in sorted((REPO / "envs/desktop").glob("*.py"))
     },
     "envs/qemu/keymap.py": "guest/keymap.py",
@@ -434,7 +434,7 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
         if not build:
             raise BuildError(
                 f"{what} is not built under {config.cache}: run "
-                f"python -m envs.qemu.image --cache {config.cache} "
+                f"python -m envab.envs.qemu.image --cache {config.cache} "
                 f"--memory {config.memory_mib}"
             )
         log(what)
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         config = ImageConfig(cache=args.cache, memory_mib=args.memory, accel=args.accel)
         record = ensure_guest(config, log=lambda m: print(m, file=sys.stderr, flush=True))
     except (ToolMissing, BuildError, ValueError) as e:
-        print(f"envs.qemu.image: {e}", file=sys.stderr)
+        print(f"envab.envs.qemu.image: {e}", file=sys.stderr)
         return 1
     out = args.record or args.cache / f"guest-{record.memory_mib}-{record.accel}.json"
     atomic_write_json(out, record.to_dict())

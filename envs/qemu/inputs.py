@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from envs.desktop.actions import Action
-from envs.qemu.keymap import CHAR_TO_QCODE, PRESS_KEYS, SHIFT_QCODE
+from envab.envs.desktop.actions import Action
+from envab.envs.qemu.keymap import CHAR_TO_QCODE, PRESS_KEYS, SHIFT_QCODE
 
 ABS_SPAN = 0x8000  # QEMU's absolute pointer axis runs 0..0x7fff across the whole display
 
@@ -36,8 +36,10 @@ def _button(button: str, down: bool) -> dict:
 
 
 def _move(x: int, y: int, fb: tuple[int, int]) -> list[dict]:
-    return [{"type": "abs", "data": {"axis": "x", "value": to_abs(x, fb[0])}},
-            {"type": "abs", "data": {"axis": "y", "value": to_abs(y, fb[1])}}]
+    return [
+        {"type": "abs", "data": {"axis": "x", "value": to_abs(x, fb[0])}},
+        {"type": "abs", "data": {"axis": "y", "value": to_abs(y, fb[1])}},
+    ]
 
 
 def _tap(qcode: str, shift: bool = False) -> list[dict]:

@@ -11,10 +11,7 @@ ROWS = [
     *[(c, c, f"KEY_{c.upper()}", False) for c in "abcdefghijklmnopqrstuvwxyz"],
     *[(c.upper(), c, f"KEY_{c.upper()}", True) for c in "abcdefghijklmnopqrstuvwxyz"],
     *[(d, d, f"KEY_{d}", False) for d in "0123456789"],
-    *[
-        (s, d, f"KEY_{d}", True)
-        for s, d in zip(")!@#$%^&*(", "0123456789", strict=True)
-    ],
+    *[(s, d, f"KEY_{d}", True) for s, d in zip(")!@#$%^&*(", "0123456789", strict=True)],
     (" ", "spc", "KEY_SPACE", False),
     ("-", "minus", "KEY_MINUS", False),
     ("_", "minus", "KEY_MINUS", True),

@@ -29,11 +29,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from envab.hashing import sha256_bytes
-from envs.arm_schema import QEMU_DEFAULTS, ArmError, arm_settings
-from envs.desktop import screen_of
-from envs.desktop.actions import parse_action
-from envs.protocol import (
+from envab.envs.arm_schema import QEMU_DEFAULTS, ArmError, arm_settings
+from envab.envs.desktop import screen_of
+from envab.envs.desktop.actions import parse_action
+from envab.envs.protocol import (
     TERMINAL_ACTIONS,
     Backend,
     Gate,
@@ -45,12 +44,13 @@ from envs.protocol import (
     is_blank,
     verdict_for,
 )
-from envs.qemu.image import GuestRecord, ImageConfig, ensure_guest
-from envs.qemu.inputs import frame
-from envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied
-from envs.tasks.checkers import check
+from envab.envs.qemu.image import GuestRecord, ImageConfig, ensure_guest
+from envab.envs.qemu.inputs import frame
+from envab.envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied
+from envab.envs.tasks.checkers import check
+from envab.hashing import sha256_bytes
 
-log = logging.getLogger("envs.qemu")
+log = logging.getLogger(__name__)
 
 SCREEN_POLL_S = 0.005
 LAUNCH_SYNC_S = 60.0

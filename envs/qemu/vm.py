@@ -25,7 +25,7 @@ from PIL import Image
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from envs.qemu.tools import require
+from envab.envs.qemu.tools import require
 
 AGENT_PORT = "org.envab.desktop.0"
 QGA_PORT = "org.qemu.guest_agent.0"

@@ -1,7 +1,7 @@
 """Build the seeded task set: tasks.jsonl, solutions.jsonl and index.json.
 
-    python -m envs.tasks.build --seed 1 --per-family 12 --out DIR [--check]
-    python -m envs.tasks.build ... --tasks T.jsonl --solutions S.jsonl --index I.json
+    python -m envab.envs.tasks.build --seed 1 --per-family 12 --out DIR [--check]
+    python -m envab.envs.tasks.build ... --tasks T.jsonl --solutions S.jsonl --index I.json
         [--layout seeded|templated --templates K --families ...]
 
 Every task is a function of (seed, family, index) and the screen size. tasks.jsonl is what an
@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from envab.envs.desktop import Desktop
+from envab.envs.tasks import templated
+from envab.envs.tasks.checkers import out_of_scope_digest
+from envab.envs.tasks.families import FAMILIES
 from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
-from envs.desktop import Desktop
-from envs.tasks import templated
-from envs.tasks.checkers import out_of_scope_digest
-from envs.tasks.families import FAMILIES
 
 GENERATOR_VERSION = "1"
 OUTPUTS = ("tasks.jsonl", "solutions.jsonl", "index.json")
@@ -153,7 +153,9 @@ def write_build(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m envs.tasks.build", description="Build a task set.")
+    p = argparse.ArgumentParser(
+        prog="python -m envab.envs.tasks.build", description="Build a task set."
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per-family", type=int, default=12)
     where = p.add_mutually_exclusive_group(required=True)

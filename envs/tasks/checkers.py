@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from envab.envs.desktop.model import values
 from envab.hashing import sha256_json
-from envs.desktop.model import values
 
 Checker = Callable[[dict, dict, dict], bool]
 

@@ -12,9 +12,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from envs.desktop.model import DIALOG_ID
-from envs.tasks import vocab
-from envs.tasks.scene import Scene
+from envab.envs.desktop.model import DIALOG_ID
+from envab.envs.tasks import vocab
+from envab.envs.tasks.scene import Scene
 
 
 @dataclass
@@ -48,8 +48,15 @@ def scroll(xy: tuple[int, int], dy: int) -> dict:
     return {"action_type": "SCROLL", "parameters": {"x": xy[0], "y": xy[1], "dx": 0, "dy": dy}}
 
 
-def _spec(sc: Scene, instruction: str, expect: dict, oracle: list[dict], near: dict,
-          order: list[str] | None = None, final_tab: str | None = None) -> Spec:
+def _spec(
+    sc: Scene,
+    instruction: str,
+    expect: dict,
+    oracle: list[dict],
+    near: dict,
+    order: list[str] | None = None,
+    final_tab: str | None = None,
+) -> Spec:
     """Resolve the scene's widget keys into ids once the config (and its id order) is fixed.
 
     Every task also gets a scope probe: the oracle, then a click on a widget the task may not
@@ -57,8 +64,11 @@ def _spec(sc: Scene, instruction: str, expect: dict, oracle: list[dict], near: d
     oracle ends on). Only the scope check can tell it from success.
     """
     final_tab = final_tab or sc.tabs[0]
-    bystanders = [k for k, w in sc.widgets.items() if w["tab"] == final_tab and k not in expect
-                  and w["kind"] in ("button", "checkbox")]
+    bystanders = [
+        k
+        for k, w in sc.widgets.items()
+        if w["tab"] == final_tab and k not in expect and w["kind"] in ("button", "checkbox")
+    ]
     near = {**near, "scope_probe": [*oracle, click(sc.at(sc.rng.choice(bystanders)))]}
     config = sc.finish()
     options = {"expect": {sc.ids[k]: v for k, v in expect.items()}}
@@ -86,7 +96,10 @@ def click_button(r: random.Random, width: int, height: int) -> Spec:
     sc.distract(r.randint(0, 2))
     target, other = keys[0], r.choice(keys[1:])
     return _spec(
-        sc, f"Click {labels[0]}.", {target: 1}, [click(sc.at(target))],
+        sc,
+        f"Click {labels[0]}.",
+        {target: 1},
+        [click(sc.at(target))],
         {"other_button": [click(sc.at(other))], "double_click": [double_click(sc.at(target))]},
     )
 
@@ -105,7 +118,10 @@ def check_group(r: random.Random, width: int, height: int) -> Spec:
     stray = click(sc.at(keys[r.choice(labels)]))
     named = [x for x in labels if x in want]
     return _spec(
-        sc, f"Check only {_and(named)}.", {keys[x]: x in want for x in labels}, toggles,
+        sc,
+        f"Check only {_and(named)}.",
+        {keys[x]: x in want for x in labels},
+        toggles,
         {"one_short": toggles[:-1], "one_extra": [*toggles, stray]},
     )
 
@@ -119,7 +135,10 @@ def type_field(r: random.Random, width: int, height: int) -> Spec:
     sc.distract(r.randint(1, 2))
     at, decoy = sc.at(target), sc.at(r.choice(decoys))
     return _spec(
-        sc, f"Type {word} in {labels[0]}.", {target: word}, [click(at), typing(word)],
+        sc,
+        f"Type {word} in {labels[0]}.",
+        {target: word},
+        [click(at), typing(word)],
         {
             "wrong_field": [click(decoy), typing(word)],
             "typo": [click(at), typing(word[:-1])],
@@ -150,8 +169,11 @@ def choose_list(r: random.Random, width: int, height: int) -> Spec:
     if target >= 3:  # clicking where the item will be, without scrolling, picks another one
         near["no_scroll"] = [click(sc.list_row(key, 2))]
     return _spec(
-        sc, f"Select {items[target]} in {name}.", {key: items[target]},
-        _select(sc, key, items, items[target]), near,
+        sc,
+        f"Select {items[target]} in {name}.",
+        {key: items[target]},
+        _select(sc, key, items, items[target]),
+        near,
     )
 
 
@@ -170,8 +192,10 @@ def switch_tab(r: random.Random, width: int, height: int) -> Spec:
     verb = "click" if kind == "button" else "check"
     go = click(sc.tab_at(goal_tab))
     return _spec(
-        sc, f"Open the {goal_tab} tab and {verb} {label}.",
-        {target: 1 if kind == "button" else True}, [go, click(sc.at(target))],
+        sc,
+        f"Open the {goal_tab} tab and {verb} {label}.",
+        {target: 1 if kind == "button" else True},
+        [go, click(sc.at(target))],
         {
             "decoy_on_first_tab": [click(sc.at(decoy))],
             "wrong_widget": [go, click(sc.at(other))],
@@ -195,7 +219,8 @@ def dialog_then_act(r: random.Random, width: int, height: int) -> Spec:
     act = click(sc.at(target))
     verb = "click" if kind == "button" else "check"
     return _spec(
-        sc, f"Click {answer} in the dialog, then {verb} {label}.",
+        sc,
+        f"Click {answer} in the dialog, then {verb} {label}.",
         {DIALOG_ID: answer, target: 1 if kind == "button" else True},
         [click(sc.dialog_at(answer)), act],
         {
@@ -217,7 +242,9 @@ def form_two(r: random.Random, width: int, height: int) -> Spec:
     sc.distract(r.randint(1, 2))
     a1, a2 = sc.at(f1), sc.at(f2)
     return _spec(
-        sc, f"Type {w1} in {labels[0]} and {w2} in {labels[1]}.", {f1: w1, f2: w2},
+        sc,
+        f"Type {w1} in {labels[0]} and {w2} in {labels[1]}.",
+        {f1: w1, f2: w2},
         [click(a1), typing(w1), click(a2), typing(w2)],
         {
             "swapped": [click(a1), typing(w2), click(a2), typing(w1)],
@@ -245,7 +272,9 @@ def sequence3(r: random.Random, width: int, height: int) -> Spec:
     press_it = [click(sc.at(btn))]
     said = f"{steps[first][1]}, {steps[second][1]}, then click {button}."
     return _spec(
-        sc, said[0].upper() + said[1:], {box: True, field_key: word, btn: 1},
+        sc,
+        said[0].upper() + said[1:],
+        {box: True, field_key: word, btn: 1},
         steps[first][0] + steps[second][0] + press_it,
         {
             "skip_first": steps[second][0] + press_it,

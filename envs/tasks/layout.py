@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from envs.desktop.model import CHAR_H, CHAR_W, ROW_H, TAB_H, TITLE_H
+from envab.envs.desktop.model import CHAR_H, CHAR_W, ROW_H, TAB_H, TITLE_H
 
 CELL_W, CELL_H = 62, 14
 MARGIN = 2
@@ -59,9 +59,7 @@ class Packer:
         if w > CELL_W - 2:
             raise ValueError(f"label {label!r} is too wide for a {kind}")
         spots = sorted(
-            (c, r)
-            for c, r in self.free
-            if all((c, r + k) in self.free for k in range(rows))
+            (c, r) for c, r in self.free if all((c, r + k) in self.free for k in range(rows))
         )
         if not spots:
             raise ValueError(f"no room left for a {kind} on a {self.grid.width}x{self.grid.height}")

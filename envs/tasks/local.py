@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from envs.desktop import Desktop, screen_of
-from envs.protocol import (
+from envab.envs.desktop import Desktop, screen_of
+from envab.envs.protocol import (
     TERMINAL_ACTIONS,
     Backend,
     Gate,
@@ -22,7 +22,7 @@ from envs.protocol import (
     is_blank,
     verdict_for,
 )
-from envs.tasks.checkers import check
+from envab.envs.tasks.checkers import check
 
 
 class LocalSession(Session):

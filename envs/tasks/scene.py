@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 
-from envs.desktop.model import CHAR_H, DIALOG_ID, ROW_H, DesktopState, Dialog, Rect
-from envs.tasks import vocab
-from envs.tasks.layout import Grid, Packer
+from envab.envs.desktop.model import CHAR_H, DIALOG_ID, ROW_H, DesktopState, Dialog, Rect
+from envab.envs.tasks import vocab
+from envab.envs.tasks.layout import Grid, Packer
 
 DIALOG_W, DIALOG_H = 100, 36
 TITLE_TOP = 14  # a dialog never covers the window's title bar
@@ -101,4 +101,3 @@ class Scene:
     def dialog_at(self, answer: str) -> tuple[int, int]:
         d = Dialog(self.dialog["message"], Rect.of(self.dialog["rect"]), self.dialog["buttons"])
         return d.button_rects()[d.buttons.index(answer)].centre()
-

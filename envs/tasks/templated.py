@@ -27,10 +27,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from envab.envs.tasks.families import Spec, _spec, click, double_click
+from envab.envs.tasks.layout import CELL_H, CELL_W, MARGIN, Grid, size_of
+from envab.envs.tasks.scene import Scene
 from envab.hashing import sha256_bytes
-from envs.tasks.families import Spec, _spec, click, double_click
-from envs.tasks.layout import CELL_H, CELL_W, MARGIN, Grid, size_of
-from envs.tasks.scene import Scene
 
 # The templated layout's generator version: it changes whenever a templated build's bytes do
 # (2: decoy buttons fill the other columns).
@@ -43,8 +43,23 @@ CUES = ("light", "dark", "sand", "mint")
 CLICK_LABELS = ("Save", "Open", "Send", "Print", "Copy", "Undo", "Apply", "Reset")
 # Labels of the decoy buttons that fill the other templates' columns. No instruction names them,
 # so they appear in pixels only; clicking one changes its value, which fails the task.
-DECOY_LABELS = ("Cut", "Paste", "Find", "Help", "Close", "Edit", "View", "Zoom", "Sort", "Share",
-                "Sync", "Load", "Next", "Back", "Stop")
+DECOY_LABELS = (
+    "Cut",
+    "Paste",
+    "Find",
+    "Help",
+    "Close",
+    "Edit",
+    "View",
+    "Zoom",
+    "Sort",
+    "Share",
+    "Sync",
+    "Load",
+    "Next",
+    "Back",
+    "Stop",
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,9 @@ def template_rng(seed: int, family: str, k: int) -> random.Random:
     return random.Random(int(sha256_bytes(f"{seed}/{family}/templates/{k}".encode())[:16], 16))
 
 
-def make_templates(seed: int, family: str, k: int, labels: tuple[str, ...], width: int,
-                   height: int) -> list[Template]:
+def make_templates(
+    seed: int, family: str, k: int, labels: tuple[str, ...], width: int, height: int
+) -> list[Template]:
     """k templates, one per column of the grid: template i docks every label in column i, at the
     label's row, which is the same in every template (drawn once per seed and family). So the
     instruction fixes the row and the screen fixes the column; a policy that ignores the screen
@@ -67,11 +83,15 @@ def make_templates(seed: int, family: str, k: int, labels: tuple[str, ...], widt
     grid = Grid(width, height, tabbed=False)
     most = min(MAX_TEMPLATES, grid.cols)
     if not 2 <= k <= most:
-        raise ValueError(f"templated layout: templates must be 2..{most} on a {width}px wide "
-                         f"screen (one per column), got {k}")
+        raise ValueError(
+            f"templated layout: templates must be 2..{most} on a {width}px wide "
+            f"screen (one per column), got {k}"
+        )
     if grid.rows < len(labels):
-        raise ValueError(f"templated layout: {len(labels)} labels need {len(labels)} rows, "
-                         f"the screen has {grid.rows}")
+        raise ValueError(
+            f"templated layout: {len(labels)} labels need {len(labels)} rows, "
+            f"the screen has {grid.rows}"
+        )
     rows = template_rng(seed, family, k).sample(range(grid.rows), len(labels))
     return [
         Template(i, CUES[i], {label: (i, row) for label, row in zip(labels, rows, strict=True)})
@@ -95,8 +115,9 @@ def _place(sc: Scene, kind: str, label: str, rect: list[int], **extra) -> str:
     return key
 
 
-def click_button(r: random.Random, width: int, height: int,
-                 templates: list[Template]) -> tuple[Spec, int]:
+def click_button(
+    r: random.Random, width: int, height: int, templates: list[Template]
+) -> tuple[Spec, int]:
     template = r.choice(templates)
     sc = Scene(r, width, height)
     sc.theme = template.cue
@@ -106,22 +127,24 @@ def click_button(r: random.Random, width: int, height: int,
         for x in labels
     ]
     target, other = keys[0], r.choice(keys[1:])
-    near = {"other_button": [click(sc.at(other))],
-            "double_click": [double_click(sc.at(target))]}
+    near = {"other_button": [click(sc.at(other))], "double_click": [double_click(sc.at(target))]}
     others = [t for t in templates if t.index != template.index]
     decoys = iter(r.sample(DECOY_LABELS, len(labels) * len(others)))
     for t in others:
         for x in labels:
             _, row = template.slots[x]
             decoy = next(decoys)
-            key = _place(sc, "button", decoy, slot_rect("button", decoy, (t.index, row), width,
-                                                         height))
+            key = _place(
+                sc, "button", decoy, slot_rect("button", decoy, (t.index, row), width, height)
+            )
             if x == labels[0]:
                 # Where another template puts the target: what a policy that ignores the screen
                 # clicks, alone or after the target ("click the row in every column").
                 near[f"template{t.index}_slot"] = [click(sc.at(key))]
-                near[f"target_then_template{t.index}_slot"] = [click(sc.at(target)),
-                                                               click(sc.at(key))]
+                near[f"target_then_template{t.index}_slot"] = [
+                    click(sc.at(target)),
+                    click(sc.at(key)),
+                ]
     spec = _spec(sc, f"Click {labels[0]}.", {target: 1}, [click(sc.at(target))], near)
     return spec, template.index
 
@@ -129,8 +152,9 @@ def click_button(r: random.Random, width: int, height: int,
 FAMILIES = {"click_button": (click_button, CLICK_LABELS)}
 
 
-def make_spec(family: str, r: random.Random, width: int, height: int, seed: int,
-              k: int) -> tuple[Spec, int]:
+def make_spec(
+    family: str, r: random.Random, width: int, height: int, seed: int, k: int
+) -> tuple[Spec, int]:
     """(spec, template index) of one templated task."""
     if family not in FAMILIES:
         raise ValueError(

@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # /opt/envab (envs, envab) and this folder
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # /opt/envab (the envab package) and this folder
 
 import evdev  # noqa: E402
 from evdev import ecodes  # noqa: E402
 from keymap import LINUX_TO_CHAR, LINUX_TO_PRESS, SHIFT_KEYS  # noqa: E402
 
-from envs.desktop import Desktop  # noqa: E402
+from envab.envs.desktop import Desktop  # noqa: E402
 
 PORT_NAME = "org.envab.desktop.0"
 SCREEN = (128, 128)  # the embedded desktop's default screen
@@ -196,8 +196,9 @@ def to_action(kind: str, atoms: list[tuple], at: bool) -> dict:
 
 class Agent:
     def __init__(self):
-        self.fb = wait_for("framebuffer", lambda: Framebuffer() if Path("/dev/fb0").exists()
-                           else None)
+        self.fb = wait_for(
+            "framebuffer", lambda: Framebuffer() if Path("/dev/fb0").exists() else None
+        )
         self.input = Input()
         path = wait_for(f"virtio-serial port {PORT_NAME}", find_port)
         self.port = os.open(path, os.O_RDWR | os.O_NONBLOCK)
@@ -263,10 +264,14 @@ class Agent:
     # --- operations -------------------------------------------------------------------------
 
     def op_hello(self, request: dict) -> dict:
-        return {"state_sha256": self.desktop.state_hash(), "screen": list(SCREEN),
-                "fb": [self.fb.width, self.fb.height], "frame_sha256": self.frame,
-                "pid": os.getpid(), "boot_id": Path("/proc/sys/kernel/random/boot_id")
-                .read_text().strip()}
+        return {
+            "state_sha256": self.desktop.state_hash(),
+            "screen": list(SCREEN),
+            "fb": [self.fb.width, self.fb.height],
+            "frame_sha256": self.frame,
+            "pid": os.getpid(),
+            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        }
 
     def op_setup(self, request: dict) -> dict:
         self.desktop.setup(request["config"])
@@ -291,8 +296,12 @@ class Agent:
         except ValueError as e:  # the desktop refused it (off screen, after DONE): no change
             return {"rejected": str(e).splitlines()[0], "action": action}
         self.frame = self.fb.draw(self.desktop.screenshot())
-        return {"state_sha256": self.desktop.state_hash(), "frame_sha256": self.frame,
-                "status": self.desktop.state()["status"], "action": action}
+        return {
+            "state_sha256": self.desktop.state_hash(),
+            "frame_sha256": self.frame,
+            "status": self.desktop.state()["status"],
+            "action": action,
+        }
 
     def op_state(self, request: dict) -> dict:
         return {"state": self.desktop.state(), "state_sha256": self.desktop.state_hash()}
