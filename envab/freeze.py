@@ -24,14 +24,9 @@ from collections import Counter
 from envab import codepins, preregistration
 from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
-from envab.receipts import Receipts, repo_commit, subject, write_receipt
+from envab.receipts import repo_commit, subject, write_receipt
 from envab.schema import ConfigError
 from envab.split import RULE, SplitError, split_tasks, task_digest
-
-
-def _frozen(args) -> tuple[preregistration.Preregistration, Receipts]:
-    receipts = Receipts(args.receipts)
-    return preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT]), receipts
 
 
 def cmd_target(args) -> None:
@@ -39,7 +34,7 @@ def cmd_target(args) -> None:
 
 
 def cmd_split(args) -> None:
-    _, receipts = _frozen(args)
+    _, receipts = preregistration.frozen_inputs(args)
     tasks = list(read_jsonl(args.tasks))
     split = split_tasks(tasks, args.seed, args.heldout_fraction)
     write_jsonl(args.train, split.train)
@@ -71,7 +66,7 @@ def cmd_split(args) -> None:
 
 
 def cmd_code(args) -> None:
-    _, receipts = _frozen(args)
+    _, receipts = preregistration.frozen_inputs(args)
     groups = codepins.pin_groups(json.loads(args.groups))
     files = {path: digest for g in groups.values() for path, digest in g["files"].items()}
     write_receipt(
@@ -92,7 +87,7 @@ def cmd_code(args) -> None:
 def cmd_pins(args) -> None:
     """What one (arm, seed) run is pinned to. `comparable_sha256` covers everything but the arm
     and the seed: the analysis refuses to compare runs where it differs."""
-    prereg, receipts = _frozen(args)
+    prereg, receipts = preregistration.frozen_inputs(args)
     shared = {
         "experiment_id": prereg.experiment_id,
         "receipts": {path.name: sha256_file(path) for path in receipts.paths},
@@ -115,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def frozen_parser(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
-        p.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
-        p.add_argument("--receipts", nargs="+", required=True, help="receipts it builds on")
+        preregistration.add_frozen_arguments(p)
         return p
 
     p = sub.add_parser("target", help="freeze target.yaml (once)")

@@ -11,11 +11,20 @@ experiment_id (a new receipts folder).
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from envab.hashing import sha256_file
-from envab.receipts import read_receipt, receipt_dir, repo_commit, subject, utc_now, write_receipt
+from envab.receipts import (
+    Receipts,
+    read_receipt,
+    receipt_dir,
+    repo_commit,
+    subject,
+    utc_now,
+    write_receipt,
+)
 from envab.schema import TARGET_SCHEMA, ConfigError, check_schema, load_yaml
 
 RECEIPT = "preregistration.json"
@@ -162,6 +171,21 @@ def check_frozen(target_path: str | Path, receipt: str | Path | None = None) -> 
     if now != frozen:
         raise FrozenTargetEdited(_edited_message(target_path, prereg, frozen, now))
     return prereg
+
+
+def add_frozen_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--target` and `--receipts`: what every job after the freeze is given."""
+    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
+    parser.add_argument(
+        "--receipts", nargs="+", required=True, help="the receipts this job builds on"
+    )
+
+
+def frozen_inputs(args: argparse.Namespace) -> tuple[Preregistration, Receipts]:
+    """The frozen pre-registration (checked against its receipt among `--receipts`) and the
+    receipts a job was given."""
+    receipts = Receipts(args.receipts)
+    return check_frozen(args.target, receipts[RECEIPT]), receipts
 
 
 def frozen_utc(receipt: str | Path) -> str:

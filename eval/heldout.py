@@ -40,7 +40,6 @@ from envab.envs.arms import ArmError, open_arm
 from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
-from envab.receipts import Receipts
 from envab.schema import ConfigError
 from envab.tracking import start_run
 from envab.trainer import agent
@@ -237,8 +236,7 @@ def track(
 
 def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
     """The frozen pre-registration, the frozen held-out tasks and the run's pins."""
-    receipts = Receipts(args.receipts)
-    prereg = preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    prereg, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
     check_split_file(args.heldout, receipts, "heldout")
     tasks = list(read_jsonl(args.heldout))
@@ -251,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m envab.eval.heldout", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
-    parser.add_argument("--receipts", nargs="+", required=True, help="the freeze receipts")
+    preregistration.add_frozen_arguments(parser)
     parser.add_argument("--pins", required=True, help="the run's pins.json")
     parser.add_argument("--checkpoint-records", required=True, help="the run's checkpoints.jsonl")
     parser.add_argument("--checkpoint", required=True, help="the checkpoint's model folder")

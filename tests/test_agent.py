@@ -282,8 +282,8 @@ def refusals(backend, tmp_path, tasks, task_id) -> list:
 
 def test_a_refused_action_reads_the_same_on_every_arm(tmp_path, task_set):
     """A backend refuses with a ValueError; the Drums client's is an ActionRejected. The note the
-    policy reads must not tell the arms apart (it once did: the in-process and QEMU arms' refusals
-    reached TRL as {"error": ...} instead of the note)."""
+    policy reads must not tell the arms apart: a refusal that reached TRL as {"error": ...} on one
+    arm and as the note on another would train the arms on different tokens."""
     tasks, _ = task_set
     task_id = sorted(tasks)[0]
     with open_arm({"backend": "drums", "url": "embedded", "mode": "restore"}) as backend:

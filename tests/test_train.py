@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from envab.hashing import file_manifest
+from envab.receipts import FREEZE_RECEIPTS
 
 EXP = "embedded-default-v5"
 RESULTS = Path("results") / EXP
@@ -200,12 +201,22 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
             "envab.trainer.grpo",
             "--target",
             "preregistration/target.yaml",
+            "--receipts",
+            *(f"receipts/{EXP}/{name}" for name in [*FREEZE_RECEIPTS, "sft.json"]),
             "--pins",
             str(RESULTS / "restore" / "seed1" / "pins.json"),
             "--model",
             str(RESULTS / "sft" / "model"),
-            "--out",
-            str(out),
+            "--train",
+            str(RESULTS / "tasks" / "train.jsonl"),
+            "--trajectories",
+            str(out / "trajectories.jsonl"),
+            "--checkpoint-records",
+            str(out / "checkpoints.jsonl"),
+            "--checkpoints",
+            str(out / "checkpoints"),
+            "--run",
+            str(out / "run.json"),
         ],
         cwd=root,
         capture_output=True,

@@ -155,10 +155,9 @@ assert set(_ACTIONS) == set(TOOL_SETS["computer_13"].names), "one action mapping
 
 # --- decoding -------------------------------------------------------------------------------------
 # A turn is one tool call: right after its `</tool_call>` the turn ends (`<|im_end|>`), so the
-# environment answers each action before the policy picks the next. Measured on the embedded
-# default without this: from about step 60 of GRPO the tiny policy's turns ran on after the call
-# ("</tool_call></tool_call>..." up to max_completion_length), and such turns neither end nor
-# learn. A sequence bias, not a stop token: the turn still ends with the end-of-turn token, so
+# environment answers each action before the policy picks the next; without it the tiny policy's
+# turns run on after the call ("</tool_call></tool_call>..." to max_completion_length) and neither
+# end nor learn (README, "Does it learn?"). A sequence bias, not a stop token: the turn still ends with the end-of-turn token, so
 # the conversation TRL builds for the next turn is the one the chat template (and the
 # evaluation) renders. transformers' generate takes it; vLLM has no sequence bias, so a
 # GPU run under vLLM leaves it out (an instruction-tuned model ends its turns itself).

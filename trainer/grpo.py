@@ -123,8 +123,7 @@ class RunInputs:
 
 
 def check_inputs(args, outputs: Outputs) -> RunInputs:
-    receipts = Receipts(args.receipts)
-    prereg = preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    prereg, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
     check_code(receipts)
     pins = check_pins(args.pins, receipts)
@@ -452,10 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m envab.trainer.grpo", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
-    parser.add_argument(
-        "--receipts", nargs="+", required=True, help="the freeze (and SFT) receipts"
-    )
+    preregistration.add_frozen_arguments(parser)
     parser.add_argument("--pins", required=True, help="results/<exp>/<arm>/seed<k>/pins.json")
     parser.add_argument("--model", required=True, help="the SFT output, or the pinned model")
     parser.add_argument("--train", required=True, help="the training split (train.jsonl)")

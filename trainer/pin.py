@@ -20,7 +20,7 @@ from pathlib import Path
 
 from envab import preregistration
 from envab.hashing import aggregate_digest
-from envab.receipts import Receipts, subject, write_receipt
+from envab.receipts import subject, write_receipt
 from envab.schema import ConfigError
 from envab.trainer.model import (
     ModelPinError,
@@ -32,8 +32,7 @@ from envab.trainer.model import (
 
 
 def pin_model(args) -> dict[str, str]:
-    receipts = Receipts(args.receipts)
-    preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    _, receipts = preregistration.frozen_inputs(args)
     out = Path(args.out)
     spec = json.loads(args.spec)
     source = parse_source(args.source, spec_from_mapping(spec))
@@ -59,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m envab.trainer.pin", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
-    parser.add_argument(
-        "--receipts", nargs="+", required=True, help="the freeze receipt(s) it builds on"
-    )
+    preregistration.add_frozen_arguments(parser)
     parser.add_argument(
         "--source", required=True, help="builtin:tiny-qwen3-vl or hf://owner/name@commit"
     )

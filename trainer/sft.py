@@ -37,7 +37,7 @@ from envab import preregistration
 from envab.envs.desktop import Desktop, screen_of
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
-from envab.receipts import Receipts, subject, write_receipt
+from envab.receipts import subject, write_receipt
 from envab.schema import ConfigError
 from envab.trainer import agent
 from envab.trainer.guards import (
@@ -118,8 +118,7 @@ class WithTools:
 
 
 def train(args) -> dict:
-    receipts = Receipts(args.receipts)
-    preregistration.check_frozen(args.target, receipts[preregistration.RECEIPT])
+    _, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
     check_code(receipts)
     settings = json.loads(args.settings)
@@ -199,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m envab.trainer.sft", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--target", required=True, help="the frozen preregistration/target.yaml")
-    parser.add_argument("--receipts", nargs="+", required=True, help="the freeze receipts")
+    preregistration.add_frozen_arguments(parser)
     parser.add_argument("--model", required=True, help="the pinned model folder")
     parser.add_argument("--tasks", required=True, help="the training split (train.jsonl)")
     parser.add_argument("--solutions", required=True, help="solutions.jsonl with oracle actions")
