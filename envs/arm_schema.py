@@ -4,7 +4,8 @@ The schema (`schemas/config.schema.yaml`, `$defs/arm`) is the one place an arm's
 written: Snakemake fills them into config.yaml, and `arm_settings` fills them into an arm given
 in code or on a command line, so `QemuConfig`, the guest image and the CLIs read the same numbers.
 
-This module is a leaf (the QEMU arm imports it for its defaults); opening an arm is `envs.arms`.
+This module is a leaf (the QEMU arm imports it for its defaults); opening an arm is
+`envab.envs.arms`.
 """
 
 from __future__ import annotations

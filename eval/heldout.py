@@ -10,9 +10,9 @@
 
 Per the frozen protocol: every held-out task, `episodes_per_task` episodes for each evaluation
 seed, at most `max_steps` actions each, on the pre-registered evaluation backend (the same arm's
-environment for every arm under test; any arm, opened by `envs.arms.open_arm`). The prompt, the
-tools and the action mapping are the trainer's (trainer/agent.py), so the policy is asked exactly
-what it was trained on. Decoding is greedy
+environment for every arm under test; any arm, opened by `envab.envs.arms.open_arm`). The
+prompt, the tools and the action mapping are the trainer's (trainer/agent.py), so the policy is
+asked exactly what it was trained on. Decoding is greedy
 unless the protocol sets a temperature; then each turn's sampler is seeded by (task, evaluation
 seed, episode, turn), so episodes draw independently and a rerun draws the same. A turn may be as
 long as a training turn (the run's pinned `max_completion_length`).

@@ -6,7 +6,7 @@ TRL makes one instance per completion and calls, per GRPO step:
     <tool>(**args)    whenever the model emits a tool call (the public methods are the tools);
     get_reward()      once per completion, after generation: the verifier's score, or None.
 
-The tools are the run's tool set (`trainer.agent.ToolSet`: same names, signatures and
+The tools are the run's tool set (`envab.trainer.agent.ToolSet`: same names, signatures and
 docstrings, so the schema TRL renders is the one the evaluation renders); each maps its call to a
 computer_13 action (`ToolSet.action_for`), steps the session and returns the new screenshot as an
 image block.

@@ -1,7 +1,7 @@
-"""The Drums client: the session protocol (`envs.protocol`) over HTTP to a drumsd-like host.
+"""The Drums client: the session protocol (`envab.envs.protocol`) over HTTP to a drumsd-like host.
 
-Exercised against the embedded host (`envs.host`) only; it has never been run against a real
-drumsd. The wire format it speaks is the one documented in `envs.host`.
+Exercised against the embedded host (`envab.envs.host`) only; it has never been run against a real
+drumsd. The wire format it speaks is the one documented in `envab.envs.host`.
 """
 
 from envab.envs.auth import read_token

@@ -1,9 +1,9 @@
-"""DrumsBackend / DrumsSession: `envs.protocol` over HTTP with httpx.
+"""DrumsBackend / DrumsSession: `envab.envs.protocol` over HTTP with httpx.
 
-Exercised against the embedded host (`envs.host`) only, never against a real drumsd.
+Exercised against the embedded host (`envab.envs.host`) only, never against a real drumsd.
 
-- The token comes from an argument, `DRUMS_TOKEN_FILE` or `DRUMS_TOKEN` (`envs.auth`); it lives
-  in the request headers only and is never logged, put in a repr or in an exception message.
+- The token comes from an argument, `DRUMS_TOKEN_FILE` or `DRUMS_TOKEN` (`envab.envs.auth`); it
+  lives in the request headers only and is never logged, put in a repr or in an exception message.
 - Every request has a timeout. A request that never reached the host (connection refused) is
   retried; a request that may have reached it is retried only when it is idempotent (health,
   verify, close), never create, fork or step.

@@ -32,8 +32,8 @@ Semantics:
   (off screen, after DONE) gets 422 and changes nothing.
 - verify reads the state back from the worker and runs the task's checker in the host process.
 - A failed gate is not an HTTP error: the body says `valid: false`, the verdict and the failed
-  gates (see `envs.protocol`), and the environment is quarantined: its worker is stopped, every
-  later step answers with the same verdict, verify says invalid, fork answers 409.
+  gates (see `envab.envs.protocol`), and the environment is quarantined: its worker is stopped,
+  every later step answers with the same verdict, verify says invalid, fork answers 409.
 - Other errors: 400 malformed request, 403 faults without --allow-faults, 404 unknown id.
 
 Fault injection (only with --allow-faults), in the create request's `faults` object:

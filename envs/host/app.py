@@ -1,6 +1,6 @@
 """The HTTP face of the host: FastAPI routes over a `Pool`, behind a bearer token.
 
-The protocol itself is documented in `envs.host` (the package docstring).
+The protocol itself is documented in `envab.envs.host` (the package docstring).
 """
 
 from __future__ import annotations

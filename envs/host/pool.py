@@ -1,10 +1,10 @@
 """The host's environments: one worker process each, and the gates checked around every call.
 
-No HTTP here (the app in `envs.host.app` is a thin layer over `Pool`), so the gates can be read
-in one place: at creation and fork the state hash must equal the expected one; at every step the
-action's generation must match, the worker must be alive and answer within its timeout, and the
-screenshot must not be blank. The first gate that fails quarantines the environment: its worker
-is stopped, later steps are refused, and verify reports the verdict and the failed gate.
+No HTTP here (the app in `envab.envs.host.app` is a thin layer over `Pool`), so the gates can be
+read in one place: at creation and fork the state hash must equal the expected one; at every step
+the action's generation must match, the worker must be alive and answer within its timeout, and
+the screenshot must not be blank. The first gate that fails quarantines the environment: its
+worker is stopped, later steps are refused, and verify reports the verdict and the failed gate.
 The checker runs here, in the host process, on state read back from the worker.
 """
 

@@ -98,7 +98,7 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class ImageConfig:
-    """The guest a qemu arm runs; the defaults are the config schema's (`envs.arm_schema`)."""
+    """The guest a qemu arm runs; the defaults are the config schema's (`envab.envs.arm_schema`)."""
 
     cache: Path = Path(QEMU_DEFAULTS["cache"])
     memory_mib: int = QEMU_DEFAULTS["memory_mib"]

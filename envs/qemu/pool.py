@@ -58,7 +58,7 @@ LAUNCH_SYNC_S = 60.0
 
 @dataclass(frozen=True)
 class QemuConfig:
-    """A qemu arm's settings; the defaults are the config schema's (`envs.arm_schema`)."""
+    """A qemu arm's settings; the defaults are the config schema's (`envab.envs.arm_schema`)."""
 
     vms: int = QEMU_DEFAULTS["vms"]  # started with the pool
     max_vms: int | None = QEMU_DEFAULTS["max_vms"]  # more start while sessions need them; None: vms

@@ -6,10 +6,10 @@ For every task it plays, each in a fresh session, the no-op (no action), the ora
 near miss, and accepts the task only when the oracle scores 1 and all the others score 0, every
 play valid. Exits non-zero naming the rejected tasks. It needs only `create(task) -> session`
 with `session.step(action)`, `session.verify()["score"|"valid"|"verdict"]` and
-`session.close()`, so it runs on the in-process backend (`envs.tasks.local`, the default), on
+`session.close()`, so it runs on the in-process backend (`envab.envs.tasks.local`, the default), on
 the embedded host over HTTP (`--embedded fork|restore`), on any Drums host (`--url`, token
 from DRUMS_TOKEN_FILE or DRUMS_TOKEN) through the Drums client, or on any arm of config.yaml
-(`--arm '{"backend": "qemu"}'`), opened by `envs.arms.open_arm`.
+(`--arm '{"backend": "qemu"}'`), opened by `envab.envs.arms.open_arm`.
 """
 
 from __future__ import annotations
