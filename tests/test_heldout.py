@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 
 from envab.envs.arms import open_arm
@@ -42,7 +46,33 @@ def task_and_click():
     return tasks[0], {"x": oracle["x"], "y": oracle["y"]}
 
 
-@pytest.mark.parametrize("backend", ["local", "embedded"])
+REPO = Path(__file__).resolve().parent.parent
+# Every kind of arm can be the evaluation backend: each is opened by the one `open_arm`.
+ARMS = {
+    "embedded": {"backend": "drums", "url": "embedded", "mode": "fork"},
+    "qemu": {
+        "backend": "qemu",
+        "vms": 1,
+        "cache": os.environ.get("ENVAB_QEMU_CACHE", str(REPO / "build/qemu")),
+    },
+}
+NO_QEMU = shutil.which("qemu-system-x86_64") is None
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "local",
+        "embedded",
+        pytest.param(
+            "qemu",
+            marks=pytest.mark.skipif(
+                NO_QEMU,
+                reason="qemu-system-x86_64 is not installed (Debian package qemu-system-x86)",
+            ),
+        ),
+    ],
+)
 def test_refused_calls_are_told_to_the_policy_and_the_episode_goes_on(task_and_click, backend):
     task, click = task_and_click
     policy = Scripted(
@@ -55,7 +85,7 @@ def test_refused_calls_are_told_to_the_policy_and_the_episode_goes_on(task_and_c
     if backend == "local":
         result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
     else:
-        with open_arm({"backend": "drums", "url": "embedded", "mode": "fork"}) as arm:
+        with open_arm(ARMS[backend]) as arm:
             result = evaluate(policy, arm, [task], PROTOCOL)
     (episode,) = result["episode_records"]
     assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 1.0, 3)
