@@ -30,6 +30,7 @@ def connect(
     """
     with ExitStack() as stack:
         if url == EMBEDDED:
+            # Only here: a client of a real drumsd never loads the host (FastAPI, uvicorn).
             from envab.envs.host import serve_embedded, write_token_file
 
             if mode is None:

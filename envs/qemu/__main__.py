@@ -16,13 +16,12 @@ import time
 from pathlib import Path
 
 from envab.envs.qemu import image
+from envab.envs.qemu.pool import QemuConfig, QemuPool
+from envab.envs.qemu.tools import ToolMissing
+from envab.envs.tasks.build import build
 
 
 def check(argv: list[str]) -> int:
-    from envab.envs.qemu.pool import QemuConfig, QemuPool
-    from envab.envs.qemu.tools import ToolMissing
-    from envab.envs.tasks.build import build
-
     p = argparse.ArgumentParser(prog="python -m envab.envs.qemu check")
     p.add_argument("--cache", type=Path, default=QemuConfig.cache)
     p.add_argument("--memory", type=int, default=QemuConfig.memory_mib)
