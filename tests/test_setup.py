@@ -1,0 +1,88 @@
+"""The set-up script the README's two commands and CI start with, on a machine of this project's
+kind as a new user meets it: root without sudo, or a user with sudo, and package lists that were
+never fetched. System tools are stand-ins on a PATH made for the test (they record what they are
+asked and fail as the real ones would); the script itself is the real one."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REAL_TOOLS = ("bash", "dirname", "grep", "env", "cat", "mkdir", "chmod", "touch")
+
+
+def stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def machine(tmp_path):
+    """A copy of the script and a PATH with only what a fresh machine has, as stand-ins."""
+    bin_dir, home = tmp_path / "bin", tmp_path / "repo"
+    bin_dir.mkdir()
+    home.mkdir()
+    shutil.copy2(REPO / "setup", home / "setup")
+    for tool in REAL_TOOLS:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    log = tmp_path / "calls.log"
+    # apt-get installs only after `update`, as on a machine that never fetched package lists.
+    stub(
+        bin_dir,
+        "apt-get",
+        f'echo "apt-get $*" >> {log}\n'
+        'if [ "$1" = update ] || [ "$2" = update ]; then touch ' + str(tmp_path / "lists") + "; "
+        "exit 0; fi\n[ -e " + str(tmp_path / "lists") + ' ] || { echo "E: Unable to locate '
+        'package" >&2; exit 100; }\n',
+    )
+    stub(bin_dir, "dpkg-query", "exit 1\n")  # nothing installed yet
+    stub(
+        bin_dir,
+        "python3",
+        f'echo "python3 $*" >> {log}\nmkdir -p .venv/bin\n'
+        f"printf '#!/bin/bash\\necho \"pip $*\" >> {log}\\n' > .venv/bin/pip\n"
+        "chmod +x .venv/bin/pip\n",
+    )
+
+    def run(uid: int, with_sudo: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
+        stub(bin_dir, "id", f'[ "$1" = -u ] && echo {uid}\n')
+        if with_sudo:
+            stub(bin_dir, "sudo", f'echo "sudo $1" >> {log}\n"$@"\n')
+        result = subprocess.run(
+            [str(bin_dir / "bash"), str(home / "setup")],
+            env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return result, log.read_text().splitlines() if log.exists() else []
+
+    return run
+
+
+def test_as_root_without_sudo_it_updates_then_installs(machine):
+    result, calls = machine(uid=0)
+    assert result.returncode == 0, result.stderr
+    assert calls[0] == "apt-get update -qq"
+    assert calls[1].startswith("apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap")
+    assert calls[2:] == ["python3 -m venv .venv", "pip install -q -e .[test]"]
+
+
+def test_as_a_user_it_goes_through_sudo(machine):
+    result, calls = machine(uid=1000, with_sudo=True)
+    assert result.returncode == 0, result.stderr
+    assert calls[:2] == ["sudo apt-get", "apt-get update -qq"]
+    assert "sudo env" in calls and any(c.startswith("apt-get install") for c in calls)
+
+
+def test_as_a_user_without_sudo_it_says_what_to_do(machine):
+    result, calls = machine(uid=1000)
+    assert result.returncode != 0
+    assert "not root and no sudo" in result.stderr
+    assert not any(c.startswith("pip") for c in calls)  # nothing half set up
