@@ -102,7 +102,6 @@ class HubSource:
 
 
 def _check_repo_id(repo_id: str) -> None:
-
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
@@ -367,14 +366,12 @@ def pin(ref: str) -> tuple[HubSource, dict[str, str]]:
 
 
 def _dump(obj, as_json: bool) -> str:
-
     if as_json:
         return json.dumps(obj, indent=2, sort_keys=True)
     return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False).rstrip("\n")
 
 
 def _read_spec(path: str | None) -> TinySpec | None:
-
     if path is None:
         return None
     try:

@@ -321,7 +321,6 @@ def train_tokenizer(corpus: Iterable[str], spec: TinySpec):
 
 
 def build_processor(tokenizer, spec: TinySpec):
-
     factor = spec.patch_size * spec.merge_size
     # Pixel budget: at most one full screen, at least 2x2 merged patches.
     size = {"shortest_edge": (2 * factor) ** 2, "longest_edge": spec.screen_side**2}
@@ -343,7 +342,6 @@ def build_processor(tokenizer, spec: TinySpec):
 
 
 def build_config(tokenizer, spec: TinySpec):
-
     ids = tokenizer.convert_tokens_to_ids
     head_dim = spec.text_hidden_size // spec.text_heads
     # Qwen3-VL splits half the rotary dimensions into (temporal, height, width) sections,
@@ -396,7 +394,6 @@ def build_config(tokenizer, spec: TinySpec):
 
 
 def build_model(config, spec: TinySpec):
-
     torch.manual_seed(spec.seed)
     model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
     text = config.text_config
