@@ -15,12 +15,13 @@ import statistics
 import sys
 from pathlib import Path
 
+from envab import preregistration
 from envab.analysis.figures import plot_curves
 from envab.analysis.runs import RunRecords
 from envab.analysis.statistics import coincidence
 from envab.analysis.time_to_target import time_to_target
 from envab.io import atomic_write_json, atomic_write_text
-from envab.preregistration import Preregistration, check_frozen
+from envab.preregistration import Preregistration
 from envab.receipts import subject, write_receipt
 
 
@@ -210,10 +211,9 @@ def render_markdown(outcome: dict) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m envab.analysis.outcome", description=__doc__)
-    parser.add_argument("--target", required=True, help="preregistration/target.yaml")
-    parser.add_argument(
-        "--frozen", required=True, help="its freeze receipt: receipts/<exp>/preregistration.json"
-    )
+    # --receipts: what the outcome builds on (the freeze, the warm start), its frozen target's
+    # receipt among them; the outcome receipt depends on each.
+    preregistration.add_frozen_arguments(parser)
     parser.add_argument(
         "--run",
         dest="runs",
@@ -229,7 +229,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--curves-valid", type=Path, required=True, help="a PNG to write")
     parser.add_argument("--curves-wallclock", type=Path, required=True, help="a PNG to write")
     parser.add_argument("--receipt", type=Path, required=True, help="receipts/<exp>/outcome.json")
-    parser.add_argument("--depends-on", nargs="*", default=[], help="receipts this one builds on")
     args = parser.parse_args(argv)
     for files in args.runs:
         if len(files) < 3:
@@ -240,7 +239,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        prereg = check_frozen(args.target, args.frozen)
+        prereg, receipts = preregistration.frozen_inputs(args)
         runs = [
             RunRecords.load(pins, checkpoints, run, evaluations)
             for pins, checkpoints, run, *evaluations in args.runs
@@ -267,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "coincidence": [c["verdict"] for c in outcome["coincidence"]],
             "reached": {f"{r['arm']}/seed{r['seed']}": r["reached"] for r in outcome["runs"]},
         },
-        depends_on=args.depends_on,
+        depends_on=receipts.paths,
     )
     print(args.outcome_md.read_text())
     return 0

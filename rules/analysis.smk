@@ -5,9 +5,8 @@
 rule outcome:
     input:
         target=config["preregistration"],
-        frozen=PREREG_RECEIPT,
         # What the outcome receipt builds on: the freeze, and the warm start if there is one.
-        depends_on=training_receipts(),
+        receipts=training_receipts(),
         runs=all_run_records,
     output:
         json=f"{RESULTS}/outcome.json",
@@ -32,11 +31,11 @@ rule outcome:
     log:
         f"{LOGS}/outcome.log",
     shell:
-        "python -m envab.analysis.outcome --target {input.target} --frozen {input.frozen}"
+        "python -m envab.analysis.outcome --target {input.target} --receipts {input.receipts}"
         " {params.runs}"
         " --outcome-json {output.json} --outcome-md {output.md}"
         " --curves-valid {output.curves_valid} --curves-wallclock {output.curves_wallclock}"
-        " --receipt {output.receipt} --depends-on {input.depends_on} > {log} 2>&1"
+        " --receipt {output.receipt} > {log} 2>&1"
 
 
 rule run_table:

@@ -201,7 +201,7 @@ def test_run_table_from_named_files(tmp_path):
 
 
 FROZEN = "receipts/embedded-default-v5/preregistration.json"
-TARGET = ["--target", "prereg/target.yaml", "--frozen", FROZEN]
+TARGET = ["--target", "prereg/target.yaml", "--receipts", FROZEN]
 
 
 def frozen_target(root: Path, monkeypatch) -> Path:
@@ -252,8 +252,6 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
         *TARGET,
         *run_args,
         *[x for pair in outputs.items() for x in pair],
-        "--depends-on",
-        FROZEN,
     )
     assert result.returncode == 0, result.stderr
     assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "out").rglob("*")) == [
