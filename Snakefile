@@ -24,3 +24,16 @@ rule all:
     input:
         answer_outputs(),
     default_target: True
+
+
+# `snakemake --cores all arm=drums seed=1`, the design card's command as typed: Snakemake reads
+# those words as targets, so every registered arm and seed is a rule of that name. Which runs
+# they stand for was settled when this workflow was parsed (RUNS), so any mix of them asks for
+# the same selected answer.
+for word in [f"arm={arm}" for arm in PREREG.arms] + [f"seed={seed}" for seed in PREREG.seeds]:
+
+    rule:
+        name:
+            word
+        input:
+            answer_outputs(),

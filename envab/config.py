@@ -31,6 +31,31 @@ def check_config(config: dict, prereg: Preregistration, source: str = "config.ya
             )
 
 
+SELECTION_KEYS = ("arm", "seed")
+
+
+def selection_words(targets) -> dict:
+    """The arm= and seed= words among Snakemake's targets (`snakemake --cores all arm=drums
+    seed=1`, the design card's command), as the config entries they stand for."""
+    words = {}
+    for target in targets:
+        key, equals, value = target.partition("=")
+        if equals and key in SELECTION_KEYS:
+            words[key] = int(value) if key == "seed" and value.lstrip("-").isdigit() else value
+    return words
+
+
+def select(config: dict, words: dict, source: str = "config") -> None:
+    """Put the selection typed as targets into config, where every job reads it (a job that a
+    cluster executor spawns re-parses the workflow without the targets). A word that disagrees
+    with --config is refused rather than one of them silently winning."""
+    for key, value in words.items():
+        given = config.get(key)
+        if given is not None and str(given) != str(value):
+            raise ConfigError(f"{key}={value} disagrees with {source}: {key}: {given!r}")
+        config[key] = value
+
+
 def selected_runs(config: dict, prereg: Preregistration) -> list[tuple[str, int]]:
     """The (arm, seed) pairs this invocation runs: all registered ones, or the one asked for."""
     arm, seed = config.get("arm"), config.get("seed")

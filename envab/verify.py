@@ -1,19 +1,27 @@
 """Recheck every digest in receipts/<experiment>/ against the files: one line per item.
 
     python -m envab.verify receipts/embedded-default-v5
+    python -m envab.verify --receipts receipts/embedded-default-v5/*.json --html verification.html
 
 Prints ``ok`` / ``MISMATCH`` / ``MISSING`` / ``MALFORMED`` with the path for every subject and every
-receipt a receipt depends on, and exits non-zero on any failure.
+receipt a receipt depends on, and exits non-zero on any failure. ``--html`` also writes the checks
+as a page for the Snakemake report (written before the exit status, so a failure shows there).
 """
 
 from __future__ import annotations
 
 import argparse
+import html
+import os
+import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from envab.hashing import sha256_file
+from envab.io import atomic_write_text
 from envab.receipts import read_receipt, statement_digest
 
 
@@ -23,6 +31,7 @@ class Check:
     path: str
     receipt: str
     role: str  # subject | depends_on | receipt
+    sha256: str | None = None  # the digest the receipt records; None where it records none
 
     @property
     def ok(self) -> bool:
@@ -41,9 +50,9 @@ def _check_digest(entry: dict, root: Path, receipt: str, role: str) -> Check:
     if not expected:
         return Check("MALFORMED", name, receipt, role)
     if not path.is_file():
-        return Check("MISSING", name, receipt, role)
+        return Check("MISSING", name, receipt, role, expected)
     status = "ok" if sha256_file(path) == expected else "MISMATCH"
-    return Check(status, name, receipt, role)
+    return Check(status, name, receipt, role, expected)
 
 
 def verify_dir(receipts: str | Path, root: str | Path = ".") -> list[Check]:
@@ -69,27 +78,92 @@ def verify_receipts(files: list[Path], root: str | Path = ".") -> list[Check]:
             statement = read_receipt(file)
             subjects = statement["subject"]
             depends_on = statement["predicate"]["depends_on"]
-            intact = statement["predicate"]["statement_sha256"] == statement_digest(statement)
+            recorded = statement["predicate"]["statement_sha256"]
+            intact = recorded == statement_digest(statement)
         except (ValueError, KeyError, TypeError):
             checks.append(Check("MALFORMED", name, name, "receipt"))
             continue
-        checks.append(Check("ok" if intact else "MISMATCH", name, name, "receipt"))
+        checks.append(Check("ok" if intact else "MISMATCH", name, name, "receipt", recorded))
         checks += [_check_digest(s, root, name, "subject") for s in subjects]
         checks += [_check_digest(d, root, name, "depends_on") for d in depends_on]
     return checks
 
 
-def main(argv: list[str] | None = None) -> int:
+def verdict(checks: list[Check]) -> str:
+    """The one-line result, e.g. ``verify: 12 ok, 0 failed``."""
+    failed = sum(not c.ok for c in checks)
+    return f"verify: {len(checks) - failed} ok, {failed} failed"
+
+
+def checks_frame(checks: list[Check]) -> pd.DataFrame:
+    """One row per check: which receipt, what role, the path, the digest it records, the status."""
+    columns = ["receipt", "role", "path", "sha256", "status"]
+    return pd.DataFrame([asdict(c) for c in checks], columns=columns)
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1em; }}
+table {{ border-collapse: collapse; font-size: 0.85em; }}
+th, td {{ border: 1px solid #ccc; padding: 2px 6px; text-align: left; }}
+td {{ font-family: monospace; }}
+</style></head>
+<body>
+<h2>{headline}</h2>
+<p>{summary}</p>
+<p>Recheck: <code>{command}</code> (or <code>snakemake --cores 1 verify</code>)</p>
+{table}
+</body>
+</html>
+"""
+
+
+def verification_html(checks: list[Check], folder: str) -> str:
+    """A self-contained page: the verdict, the command that rechecks it, the table of checks."""
+    failed = [f"{c.status} {c.path}" for c in checks if not c.ok]
+    summary = f"Failed: {', '.join(failed)}." if failed else "Every digest matches."
+    return PAGE.format(
+        title=html.escape(verdict(checks)),
+        headline=html.escape(verdict(checks)),
+        summary=html.escape(summary),
+        command=html.escape(f"python -m envab.verify {shlex.quote(folder)}"),
+        table=checks_frame(checks).to_html(index=False, escape=True, na_rep=""),
+    )
+
+
+def receipt_folder(files: list[str]) -> str:
+    """The folder a list of receipt files lives in: what a reviewer passes to recheck them."""
+    return Path(os.path.commonpath([Path(f).parent.as_posix() for f in files])).as_posix()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("receipts", help="receipts/<experiment_id>")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("receipts", nargs="?", help="receipts/<experiment_id>")
+    given.add_argument(
+        "--receipts", dest="files", nargs="+", metavar="FILE", help="these receipt files instead"
+    )
     parser.add_argument("--root", default=".", help="directory the receipt paths are relative to")
-    args = parser.parse_args(argv)
-    checks = verify_dir(args.receipts, args.root)
+    parser.add_argument("--html", metavar="OUT", help="also write the checks as an HTML page")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.files:
+        checks = verify_receipts([Path(f) for f in args.files], args.root)
+        folder = receipt_folder(args.files)
+    else:
+        checks = verify_dir(args.receipts, args.root)
+        folder = args.receipts
     for check in checks:
         print(check.line())
-    failed = [c for c in checks if not c.ok]
-    print(f"verify: {len(checks) - len(failed)} ok, {len(failed)} failed")
-    return 1 if failed else 0
+    print(verdict(checks))
+    if args.html:  # before the exit status: a failed verify is what the page must show
+        atomic_write_text(args.html, verification_html(checks, folder))
+    return 0 if all(c.ok for c in checks) else 1
 
 
 if __name__ == "__main__":

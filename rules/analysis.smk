@@ -61,10 +61,30 @@ rule run_table:
         " --run {input.run} --evals {input.evals} --out {output} > {log} 2>&1"
 
 
+# The `verify` result inside the report, next to the outcome: every receipt the outcome builds on
+# and the outcome's own. The job fails on any failed digest (its log keeps the lines).
+rule verification:
+    input:
+        receipts=training_receipts() + [f"{RECEIPTS}/outcome.json"],
+    output:
+        report(
+            f"{RESULTS}/verification.html",
+            caption="../report/verification.rst",
+            category="Outcome",
+        ),
+    conda:
+        SOFTWARE
+    log:
+        f"{LOGS}/verification.log",
+    shell:
+        "python -m envab.verify --receipts {input.receipts} --html {output} > {log} 2>&1"
+
+
 # `snakemake report` (a target) makes the same file as `snakemake --report report.html`.
 rule report:
     input:
         answer_outputs(),
+        f"{RESULTS}/verification.html",
     output:
         "report.html",
     conda:

@@ -10,7 +10,7 @@ from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from envab import preregistration
-from envab.config import check_config, selected_runs
+from envab.config import check_config, select, selected_runs, selection_words
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
 from envab.preregistration import Preregistration
@@ -18,20 +18,32 @@ from envab.receipts import FREEZE_RECEIPTS
 from envab.schema import CONFIG_SCHEMA, ConfigError, check_schema
 
 
-def _refuse_literal_selection():
-    """`snakemake arm=drums seed=1` makes Snakemake look for files named arm=drums and seed=1
-    (targets are only known after this file is parsed, so they cannot be rewritten here): say
-    what to type instead of letting it fail with a missing-rule error."""
-    words = [w for w in sys.argv[1:] if w.partition("=")[0] in ("arm", "seed") and "=" in w]
-    if words and "--config" not in sys.argv and "-C" not in sys.argv:
-        raise ConfigError(
-            f"Snakemake reads {' '.join(words)} as targets; select a run with "
-            f"--config {' '.join(words)}"
-        )
+def command_line_targets():
+    """The targets typed on Snakemake's command line, read with Snakemake's own parser (the
+    workflow learns its targets only after this file is parsed). None where Snakemake was not
+    started from its command line (a test through the Python API)."""
+    program = Path(sys.argv[0])
+    if "snakemake" not in (program.name, program.parent.name):
+        return []
+    from snakemake.cli import get_argument_parser
+
+    try:
+        return get_argument_parser().parse_known_args(sys.argv[1:])[0].targets or []
+    except SystemExit:  # Snakemake itself reports a malformed command line
+        return []
+
+
+def pass_selection_to_jobs(words):
+    """A job that a cluster executor spawns re-parses this file with its own targets: the
+    selection reaches it as --config, which Snakemake hands to every job it spawns."""
+    kept = [a for a in workflow.config_settings.config_args or [] if a.partition("=")[0] not in words]
+    workflow.config_settings.config_args = kept + [f"{k}={v!r}" for k, v in words.items()]
 
 
 try:
-    _refuse_literal_selection()
+    SELECTION = selection_words(command_line_targets())
+    select(config, SELECTION, "--config")
+    pass_selection_to_jobs(SELECTION)
     check_schema(config, CONFIG_SCHEMA, "config")
     validate(config, "../schemas/config.schema.yaml")  # Snakemake's own check; fills defaults
     PREREG = Preregistration.load(config["preregistration"])

@@ -32,11 +32,53 @@ def answered(tmp_path_factory, make_workflow):
     workflow.embedded_arms()
     workflow.edit_config(config)
     workflow.edit_target(target)
+    workflow.selected = run_selected_through_a_cluster_executor(workflow)
     for targets in ((), ("report",)):
         result = workflow.snakemake(*targets, timeout=1500)
         logs = "".join(p.read_text()[-2000:] for p in (workflow.root / "logs").rglob("*.log"))
         assert result.returncode == 0, result.stderr[-3000:] + logs
     return workflow
+
+
+def run_selected_through_a_cluster_executor(workflow) -> dict:
+    """`snakemake arm=drums seed=1`, the design card's command as typed, on a cluster executor
+    whose every job is a Snakemake process of its own that re-parses the workflow without those
+    words (cluster-generic, submitting by running the job script at once). What it leaves: the
+    runs that exist afterwards, the outcome's runs, and the --config each job was given."""
+    submit = workflow.root / "submit"
+    submit.write_text(
+        '#!/bin/sh\nmkdir -p submitted && cp "$1" submitted/ && bash "$1" >> submitted.log 2>&1\n'
+        'echo "$$"\n'
+    )
+    submit.chmod(0o755)
+    result = workflow.snakemake(
+        *("--executor", "cluster-generic", "--cluster-generic-submit-cmd", str(submit)),
+        *("--jobs", "1", "arm=drums", "seed=1"),
+        timeout=1500,
+    )
+    log = workflow.root / "submitted.log"
+    assert result.returncode == 0, result.stderr[-3000:] + (
+        log.read_text()[-3000:] if log.exists() else ""
+    )
+    outcome = json.loads((workflow.root / RESULTS / "outcome.json").read_text())
+    return {
+        "runs": sorted(
+            p.parent.name + "/" + p.name for p in (workflow.root / RESULTS).glob("*/seed*")
+        ),
+        "outcome": sorted((r["arm"], r["seed"]) for r in outcome["runs"]),
+        "jobs": {p.name: p.read_text() for p in (workflow.root / "submitted").iterdir()},
+    }
+
+
+def test_the_literal_command_ran_only_that_arm_and_seed_on_a_cluster(answered):
+    selected = answered.selected
+    assert selected["runs"] == ["drums/seed1"]
+    assert selected["outcome"] == [("drums", 1)]
+    spawned = selected["jobs"]
+    assert any(name.startswith("snakejob.train.") for name in spawned)
+    assert any(name.startswith("snakejob.outcome.") for name in spawned)
+    for name, script in spawned.items():  # each re-parsed with the selection as config
+        assert "--config \"arm='drums'\" 'seed=1'" in script, name
 
 
 def test_outcome_has_both_arms_and_a_verdict(answered):

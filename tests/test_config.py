@@ -91,22 +91,57 @@ def test_unknown_arm_or_seed_is_refused_with_the_valid_ones(workflow):
     ]
 
 
-def test_literal_selection_says_what_to_type(workflow):
-    result = workflow.snakemake("-n", "arm=drums", "seed=1")
+@pytest.fixture
+def two_seeds(workflow):
+    workflow.edit_target(lambda t: t.update(seeds=[1, 2]))
+    return workflow
+
+
+RUN = "results/embedded-default-v5/{}/seed{}/pins.json"
+
+
+@pytest.mark.parametrize(
+    "words, runs",
+    [
+        (["arm=drums", "seed=1"], {("drums", 1)}),  # the design card's command, as typed
+        (["seed=1", "arm=drums"], {("drums", 1)}),
+        (["arm=drums"], {("drums", 1), ("drums", 2)}),
+        (["seed=2"], {("qemu", 2), ("drums", 2)}),
+        (["--config", "arm=drums", "seed=1"], {("drums", 1)}),
+        (["seed=2", "--config", "arm=qemu"], {("qemu", 2)}),
+        ([], {("qemu", 1), ("qemu", 2), ("drums", 1), ("drums", 2)}),
+    ],
+)
+def test_selection_restricts_the_dry_run_to_those_runs(two_seeds, words, runs):
+    result = two_seeds.snakemake("-n", *words)
+    assert result.returncode == 0, result.stderr[-3000:]
+    planned = {
+        (arm, seed)
+        for arm in ("qemu", "drums")
+        for seed in (1, 2)
+        if RUN.format(arm, seed) in result.stdout
+    }
+    assert planned == runs
+
+
+@pytest.mark.parametrize(
+    "words, expected",
+    [
+        (
+            ["arm=restore"],
+            "env-ab: arm='restore' is not a registered arm; valid arms: ['qemu', 'drums']",
+        ),
+        (["seed=7"], "env-ab: seed=7 is not a registered training seed; valid seeds: [1]"),
+        (
+            ["arm=drums", "--config", "arm=qemu"],
+            "env-ab: arm=drums disagrees with --config: arm: 'qemu'",
+        ),
+    ],
+)
+def test_a_selection_as_typed_is_checked_like_config(workflow, words, expected):
+    result = workflow.snakemake("-n", *words)
     assert result.returncode != 0
-    assert error_lines(result) == [
-        "env-ab: Snakemake reads arm=drums seed=1 as targets; select a run with "
-        "--config arm=drums seed=1"
-    ]
-
-
-def test_config_selection_restricts_the_dry_run(workflow):
-    everything = workflow.snakemake("-n")
-    one = workflow.snakemake("-n", "--config", "arm=drums", "seed=1")
-    assert everything.returncode == 0 and one.returncode == 0, everything.stderr + one.stderr
-    assert "results/embedded-default-v5/qemu/seed1/pins.json" in everything.stdout
-    assert "results/embedded-default-v5/drums/seed1/pins.json" in one.stdout
-    assert "results/embedded-default-v5/qemu/seed1/pins.json" not in one.stdout
+    assert error_lines(result) == [expected]
 
 
 def test_selected_runs_is_the_product_of_arms_and_seeds_filtered():
