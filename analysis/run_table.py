@@ -1,9 +1,11 @@
 """One run's learning curve as a table: per checkpoint, the counters, the training-task success
 of the valid trajectories since the previous checkpoint (sampled, as GRPO saw them) and the
-held-out result.
+held-out result. The same curve goes to the run's wandb `eval` run (envab/tracking.py): the first
+job that has every evaluation of the run.
 
-python -m envab.analysis.run_table --pins pins.json --checkpoints checkpoints.jsonl --run run.json
-    --evals eval/<checkpoint>.json ... --out curve.csv
+python -m envab.analysis.run_table --target target.yaml --pins pins.json
+    --checkpoints checkpoints.jsonl --run run.json --evals eval/<checkpoint>.json ...
+    --out curve.csv --wandb-dir results/<exp>/wandb
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import argparse
 import pandas as pd
 
 from envab.analysis.runs import RunRecords
+from envab.hashing import sha256_file
+from envab.tracking import start_run
 
 COLUMNS = [
     "checkpoint",
@@ -46,20 +50,51 @@ def run_table(run: RunRecords) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def track_heldout(run: RunRecords, table: pd.DataFrame, prereg_sha256: str, directory) -> None:
+    """The held-out curve as a wandb run: each scored checkpoint at its valid-trajectory count
+    and at its training wall-clock (an unscored one has no rate, so no point)."""
+    tracker = start_run(
+        "eval",
+        run.pins["experiment_id"],
+        run.arm,
+        run.seed,
+        prereg_sha256,
+        {"training": run.pins["training"], "stop_reason": run.final.get("stop_reason")},
+        directory=directory,
+    )
+    for row in table[table["scored"]].itertuples():
+        tracker.log(
+            {
+                "valid_trajectories": row.valid_trajectories,
+                "wall_clock_s": row.wall_clock_s,
+                "heldout/success_rate": row.heldout_success_rate,
+                "heldout_wall_clock/success_rate": row.heldout_success_rate,
+                "heldout/env_cost_usd": row.env_cost_usd,
+            }
+        )
+    tracker.finish()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m envab.analysis.run_table",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--target", required=True, help="the pre-registration (its sha256 is logged)"
+    )
     parser.add_argument("--pins", required=True, help="the run's pins.json")
     parser.add_argument("--checkpoints", required=True, help="the run's checkpoints.jsonl")
     parser.add_argument("--run", required=True, help="the run's run.json")
     parser.add_argument("--evals", nargs="*", default=[], help="its eval/<checkpoint>.json files")
     parser.add_argument("--out", required=True, help="curve.csv")
+    parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
     args = parser.parse_args(argv)
     run = RunRecords.load(args.pins, args.checkpoints, args.run, args.evals)
-    run_table(run).to_csv(args.out, index=False)
+    table = run_table(run)
+    table.to_csv(args.out, index=False)
+    track_heldout(run, table, sha256_file(args.target), args.wandb_dir)
     return 0
 
 

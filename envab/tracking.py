@@ -1,12 +1,20 @@
-"""wandb runs for the experiment: offline by default, grouped by experiment id, one per job.
+"""wandb runs for the experiment: offline by default, grouped by experiment id, tagged by arm
+and seed, so that both arms' curves can be laid over each other.
 
-Every run carries the pre-registration's sha256 in its config, is grouped by experiment id, and is
-named by arm and seed (plus the checkpoint for an evaluation). Held-out success is plotted against
-valid trajectories consumed (`define_metric`), so both arms' curves share an x-axis in wandb.
-Runs are written offline into the folder the job is given, results/<exp>/wandb in the workflow
-(upload later with `wandb sync`); set
-WANDB_MODE=online to stream, WANDB_MODE=disabled to turn it off (the tests do). Nothing secret is
-ever put in a run's config: arm configs are passed through `public_arm_config`.
+Two runs per (arm, seed): `train-<arm>-seed<k>` (every GRPO step: TRL's reward, loss and KL, the
+valid and invalid counts, the step time, environment and inference seconds) and
+`eval-<arm>-seed<k>` (the held-out success of every checkpoint, written once all of them are
+evaluated; a run per checkpoint would be one point, which wandb cannot draw as a curve, and an
+offline run cannot be appended to by several jobs). `define_metric` fixes the x-axes:
+
+- `train/*` and `heldout/*` against `valid_trajectories`, the budget both arms spend alike;
+- `heldout_wall_clock/*` against `wall_clock_s`, the training wall-clock the arms race on.
+
+Every run carries the pre-registration's sha256 in its config. Runs are written offline into the
+folder the job is given (results/<exp>/wandb in the workflow); upload with `wandb sync` (README).
+Set WANDB_MODE=online to stream, WANDB_MODE=disabled to turn it off (the tests do, except the one
+that reads runs back). Nothing secret is put in a run's config: arm configs pass through
+`public_arm_config`.
 """
 
 from __future__ import annotations
@@ -31,19 +39,17 @@ def start_run(
     prereg_sha256: str,
     config: dict,
     directory: str | Path,
-    checkpoint: str | None = None,
 ):
-    """A wandb run for one training (`kind="train"`) or evaluation (`kind="eval"`) job."""
-    mode = os.environ.get("WANDB_MODE", "offline")
-    name = f"{arm}-seed{seed}" + (f"-{checkpoint}" if checkpoint else "")
+    """The wandb run of one training (`kind="train"`) or one run's held-out curve (`"eval"`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     run = wandb.init(
         project=os.environ.get("WANDB_PROJECT", "env-ab"),
         group=experiment_id,
         job_type=kind,
-        name=f"{kind}-{name}",
-        mode=mode,
+        name=f"{kind}-{arm}-seed{seed}",
+        tags=[f"arm:{arm}", f"seed:{seed}"],
+        mode=os.environ.get("WANDB_MODE", "offline"),
         dir=str(directory),
         config={
             **config,
@@ -55,6 +61,8 @@ def start_run(
         reinit="finish_previous",
     )
     run.define_metric("valid_trajectories")
-    run.define_metric("heldout/*", step_metric="valid_trajectories")
+    run.define_metric("wall_clock_s")
     run.define_metric("train/*", step_metric="valid_trajectories")
+    run.define_metric("heldout/*", step_metric="valid_trajectories")
+    run.define_metric("heldout_wall_clock/*", step_metric="wall_clock_s")
     return run

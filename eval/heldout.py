@@ -37,11 +37,11 @@ from trl.chat_template_utils import add_response_schema, parse_response
 
 from envab import preregistration
 from envab.envs.arms import ArmError, open_arm
-from envab.hashing import sha256_bytes, sha256_file
+from envab.hashing import file_manifest, sha256_bytes
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
+from envab.progress import Console, duration, eta, job_console
 from envab.schema import ConfigError
-from envab.tracking import start_run
 from envab.trainer import agent
 from envab.trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
 from envab.trainer.model import ModelPinError, load
@@ -208,30 +208,24 @@ def evaluate(policy: Policy, backend, tasks: list[dict], protocol: Protocol, log
     }
 
 
-def track(
-    record: dict,
-    pins: dict,
-    valid_trajectories: int | None,
-    experiment_id: str,
-    prereg_sha256: str,
-    wandb_dir: str,
-) -> None:
-    """One wandb run per evaluation: the held-out point at this checkpoint's valid count."""
-    run = start_run(
-        "eval",
-        experiment_id,
-        pins["arm"],
-        pins["seed"],
-        prereg_sha256,
-        {"protocol": record["protocol"], "backend": record["backend"]},
-        directory=wandb_dir,
-        checkpoint=record["checkpoint"],
-    )
-    point = {"valid_trajectories": valid_trajectories}
-    if record["scored"]:
-        point["heldout/success_rate"] = record["success_rate"]
-    run.log({**point, "heldout/invalid": record["invalid"], "heldout/wall_s": record["wall_s"]})
-    run.finish()
+class EpisodeProgress:
+    """Every episode to the log; a line on the console at each quarter of the episodes."""
+
+    def __init__(self, console: Console, episodes: int):
+        self.console, self.episodes, self.done, self.successes = console, episodes, 0, 0
+
+    def episode(self, record: dict) -> None:
+        print(json.dumps(record))
+        if record["verdict"] != "valid":
+            return
+        self.done += 1
+        self.successes += record["score"] == 1.0
+        if self.done % max(1, self.episodes // 4) == 0 and self.done < self.episodes:
+            elapsed = self.console.elapsed()
+            self.console.say(
+                f"{self.done}/{self.episodes} episodes, {self.successes} succeeded, "
+                f"{duration(elapsed)}, ETA {eta(self.done, self.episodes, elapsed)}"
+            )
 
 
 def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
@@ -242,7 +236,18 @@ def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
     tasks = list(read_jsonl(args.heldout))
     if {t["id"] for t in tasks} != heldout_ids(receipts):
         raise GuardError(f"{args.heldout} is not the frozen held-out set")
+    check_checkpoint(args.checkpoint, args.checkpoint_records)
     return prereg, tasks, json.loads(Path(args.pins).read_text())
+
+
+def check_checkpoint(checkpoint: str, records: str) -> None:
+    """The model evaluated is the one training saved: its files match the checkpoint's record."""
+    name = Path(checkpoint).name
+    saved = {r["checkpoint"]: r["files"] for r in read_jsonl(records)}
+    if name not in saved:
+        raise GuardError(f"{name} is not a checkpoint recorded in {records}")
+    if file_manifest(checkpoint) != saved[name]:
+        raise GuardError(f"{checkpoint} differs from the files training recorded for it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,8 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", required=True, help="heldout.jsonl")
     parser.add_argument("--backend", required=True, help="JSON: the evaluation arm's config")
     parser.add_argument("--out", required=True, help="writes: eval/<checkpoint>.json")
-    parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
+    parser.add_argument("--log", help="the job's log; the console then gets its progress")
     args = parser.parse_args(argv)
+    run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
+    console = job_console(
+        f"eval {run_dir.parent.name} {run_dir.name} {Path(args.checkpoint).name}", args.log
+    )
     try:
         prereg, tasks, pins = check_inputs(args)
         protocol = Protocol.frozen(
@@ -266,11 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
         started = time.perf_counter()
         policy = Policy(args.checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
+        episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
+        console.say(f"{episodes} held-out episodes on {prereg.evaluation.backend}")
+        progress = EpisodeProgress(console, episodes)
         with open_arm(json.loads(args.backend)) as backend:
-            result = evaluate(policy, backend, tasks, protocol, log=lambda r: print(json.dumps(r)))
+            result = evaluate(policy, backend, tasks, protocol, log=progress.episode)
         wall = time.perf_counter() - started
     except (ConfigError, GuardError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
+        console.say(f"error: {e}")
         return 2
     backend_name = prereg.evaluation.backend
     prices = prereg.prices
@@ -285,21 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         + policy.generation_s / 3600 * prices.inference_usd_per_hour,
     }
     atomic_write_json(args.out, record)
-    counts = {r["checkpoint"]: r["valid_trajectories"] for r in read_jsonl(args.checkpoint_records)}
-    track(
-        record,
-        pins,
-        counts.get(record["checkpoint"]),
-        prereg.experiment_id,
-        sha256_file(args.target),
-        args.wandb_dir,
-    )
     rate = "not scored" if not record["scored"] else f"{record['success_rate']:.3f}"
-    print(
-        f"eval {record['checkpoint']}: held-out success {rate} over {record['episodes']} "
-        f"valid episodes, {record['invalid']} invalid, {wall:.1f} s",
-        file=sys.stderr,
+    summary = (
+        f"held-out success {rate} over {record['episodes']} valid episodes, "
+        f"{record['invalid']} invalid, {wall:.1f} s"
     )
+    print(f"eval {record['checkpoint']}: {summary}", file=sys.stderr)
+    console.say(summary)
     return 0
 
 

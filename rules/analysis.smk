@@ -40,6 +40,7 @@ rule outcome:
 
 rule run_table:
     input:
+        target=config["preregistration"],
         pins=run_file("pins.json"),
         checkpoints=run_file("checkpoints.jsonl"),
         run=run_file("run.json"),
@@ -52,13 +53,16 @@ rule run_table:
             subcategory="{arm}",
             labels={"arm": "{arm}", "seed": "{seed}"},
         ),
+    params:
+        wandb=f"{RESULTS}/wandb",  # the run's held-out curve, as a wandb run
     conda:
         SOFTWARE
     log:
         f"{LOGS}/run_table_{{arm}}_seed{{seed}}.log",
     shell:
-        "python -m envab.analysis.run_table --pins {input.pins} --checkpoints {input.checkpoints}"
-        " --run {input.run} --evals {input.evals} --out {output} > {log} 2>&1"
+        "python -m envab.analysis.run_table --target {input.target} --pins {input.pins}"
+        " --checkpoints {input.checkpoints} --run {input.run} --evals {input.evals}"
+        " --out {output} --wandb-dir {params.wandb} > {log} 2>&1"
 
 
 # The `verify` result inside the report, next to the outcome: every receipt the outcome builds on
@@ -84,7 +88,6 @@ rule verification:
 rule report:
     input:
         answer_outputs(),
-        f"{RESULTS}/verification.html",
     output:
         "report.html",
     conda:

@@ -159,5 +159,6 @@ def run_arguments(wildcards):
 
 
 def answer_outputs():
-    """What `all` asks for: the outcome and one table per run."""
-    return [f"{RESULTS}/outcome.md"] + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS]
+    """What `all` asks for: the outcome, its verification and one table per run."""
+    answer = [f"{RESULTS}/outcome.md", f"{RESULTS}/verification.html"]
+    return answer + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS]

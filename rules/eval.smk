@@ -14,7 +14,6 @@ rule eval:
         run_file("eval/{name}.json"),
     params:
         backend=as_arg(config["arms"][PREREG.evaluation.backend]),
-        wandb=f"{RESULTS}/wandb",
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
@@ -29,4 +28,4 @@ rule eval:
         "python -m envab.eval.heldout --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --checkpoint-records {input.records}"
         " --checkpoint {input.checkpoint} --heldout {input.heldout} --backend {params.backend}"
-        " --out {output} --wandb-dir {params.wandb} > {log} 2>&1"
+        " --out {output} --log {log}"

@@ -26,4 +26,4 @@ if QEMU_ARMS:
             f"{LOGS}/{{arm}}/guest.log",
         shell:
             "python -m envab.envs.qemu.image --cache {params.cache} --memory {params.memory}"
-            " --accel {params.accel} --record {output} > {log} 2>&1"
+            " --accel {params.accel} --record {output} --log {log}"

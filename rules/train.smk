@@ -26,7 +26,7 @@ if SFT_ENABLED:
             "python -m envab.trainer.sft --target {input.target} --receipts {input.receipts}"
             " --model {input.model} --tasks {input.train} --solutions {input.solutions}"
             " --settings {params.settings} --tools {params.tools}"
-            " --out {output.model} --receipt {output.receipt} > {log} 2>&1"
+            " --out {output.model} --receipt {output.receipt} --log {log}"
 
 
 checkpoint train:
@@ -42,6 +42,8 @@ checkpoint train:
         trajectories=run_file("trajectories.jsonl"),
         records=run_file("checkpoints.jsonl"),
         checkpoints=directory(run_file("checkpoints")),
+    params:
+        wandb=f"{RESULTS}/wandb",
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
@@ -54,9 +56,10 @@ checkpoint train:
         main=f"{LOGS}/train_{{arm}}_seed{{seed}}.log",
         host=f"{LOGS}/train_{{arm}}_seed{{seed}}.host.log",
     shell:
-        # The log shows a progress bar of valid trajectories against the frozen budget.
+        # The log shows a progress bar of valid trajectories against the frozen budget; the
+        # console a line per checkpoint.
         "python -m envab.trainer.grpo --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --model {input.model} --train {input.train}"
         " --trajectories {output.trajectories} --checkpoint-records {output.records}"
         " --checkpoints {output.checkpoints} --run {output.run} --host-log {log.host}"
-        " > {log.main} 2>&1"
+        " --wandb-dir {params.wandb} --log {log.main}"

@@ -62,13 +62,17 @@ class Workflow:
     def __init__(self, root: Path):
         self.root = root
 
-    def snakemake(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    def snakemake(
+        self, *args: str, timeout: float = 600, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        """`env`: variables to set for this run and its jobs (e.g. WANDB_MODE=offline)."""
         return subprocess.run(
             [sys.executable, "-m", "snakemake", "--cores", "1", *args],
             cwd=self.root,
             capture_output=True,
             text=True,
             timeout=timeout,
+            env={**os.environ, **(env or {})},
         )
 
     def edit_config(self, update) -> None:

@@ -3,7 +3,9 @@ arms, held-out evaluation of every checkpoint, the outcome, the report, and rece
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 EXP = "embedded-default-v5"
+OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP
 
@@ -34,7 +37,7 @@ def answered(tmp_path_factory, make_workflow):
     workflow.edit_target(target)
     workflow.selected = run_selected_through_a_cluster_executor(workflow)
     for targets in ((), ("report",)):
-        result = workflow.snakemake(*targets, timeout=1500)
+        result = workflow.snakemake(*targets, timeout=1500, env=OFFLINE)
         logs = "".join(p.read_text()[-2000:] for p in (workflow.root / "logs").rglob("*.log"))
         assert result.returncode == 0, result.stderr[-3000:] + logs
     return workflow
@@ -55,6 +58,7 @@ def run_selected_through_a_cluster_executor(workflow) -> dict:
         *("--executor", "cluster-generic", "--cluster-generic-submit-cmd", str(submit)),
         *("--jobs", "1", "arm=drums", "seed=1"),
         timeout=1500,
+        env=OFFLINE,
     )
     log = workflow.root / "submitted.log"
     assert result.returncode == 0, result.stderr[-3000:] + (
@@ -108,11 +112,31 @@ def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
             assert record["wall_s"] > 0 and record["cost_usd"] > 0
 
 
+def embedded(report: str, filename: str) -> str:
+    """An item's content as report.html embeds it: a base64 data URI that names the file."""
+    found = re.search(rf"filename={re.escape(filename)};base64,([A-Za-z0-9+/=]+)", report)
+    assert found, f"{filename} is not embedded in the report"
+    return base64.b64decode(found.group(1)).decode()
+
+
 def test_report_and_figures_exist(answered):
     report = (answered.root / "report.html").read_text(errors="replace")
-    for item in ("outcome.md", "curves_valid.png", "curves_wallclock.png", "curve.csv"):
+    items = (
+        "outcome.md",
+        "curves_valid.png",
+        "curves_wallclock.png",
+        "curve.csv",
+        "verification.html",
+    )
+    for item in items:
         assert item in report, item  # every item flagged with report() made it in
     assert "Learning curves" in report and "held-out tasks" in report
+    # the verify result a reviewer checks, next to the outcome: every digest, all ok
+    verification = embedded(report, "verification.html")
+    assert re.search(r"verify: [1-9]\d* ok, 0 failed", verification), verification[:500]
+    assert "<td>ok</td>" in verification and "<td>MISMATCH</td>" not in verification
+    for receipt in ("outcome.json", "sft.json", "split.json"):
+        assert (RECEIPTS / receipt).as_posix() in verification, receipt
     for figure in ("curves_valid.png", "curves_wallclock.png"):
         assert (answered.root / RESULTS / "figures" / figure).read_bytes()[:4] == b"\x89PNG"
 
@@ -131,3 +155,66 @@ def test_receipts_verify_including_the_outcome(answered):
     depends = {d["name"] for d in outcome_receipt["predicate"]["depends_on"]}
     assert (RECEIPTS / "split.json").as_posix() in depends
     assert (RECEIPTS / "sft.json").as_posix() in depends
+
+
+def wandb_runs(root: Path) -> dict[str, dict]:
+    """Every offline wandb run under results/<exp>/wandb, read back with wandb's own reader
+    (`wandb leet inspect --json`): its run record, its axis definitions, its history rows."""
+    wandb = Path(sys.executable).parent / "wandb"
+    runs = {}
+    for file in sorted((root / RESULTS / "wandb").glob("wandb/offline-run-*/run-*.wandb")):
+        result = subprocess.run(
+            [str(wandb), "leet", "inspect", "--json", str(file)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        records = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        run = next(r["run"] for r in records if r["type"] == "run")
+        metrics = [r["metric"] for r in records if r["type"] == "metric"]
+        runs[run["display_name"]] = {
+            "run": run,
+            "axes": {m.get("glob_name", m.get("name")): m.get("step_metric") for m in metrics},
+            "history": [r["history"]["item"] for r in records if r["type"] == "history"],
+        }
+    return runs
+
+
+def test_wandb_has_both_arms_curves_against_valid_trajectories_and_wall_clock(answered):
+    import pandas as pd
+
+    runs = wandb_runs(answered.root)
+    names = {f"{kind}-{arm}-seed1" for kind in ("train", "eval") for arm in ("restore", "drums")}
+    assert set(runs) == names
+    for name, run in runs.items():
+        kind, arm, _ = name.split("-")
+        assert run["run"]["run_group"] == EXP and run["run"]["job_type"] == kind
+        assert run["run"]["tags"] == [f"arm:{arm}", "seed:1"]
+        assert run["axes"]["train/*"] == "valid_trajectories"
+        assert run["axes"]["heldout/*"] == "valid_trajectories"
+        assert run["axes"]["heldout_wall_clock/*"] == "wall_clock_s"
+        if kind == "train":  # a row per GRPO step, the counters climbing to the budget
+            rewards = [row for row in run["history"] if "train/reward" in row]
+            valid = [row["valid_trajectories"] for row in rewards]
+            assert rewards and valid == sorted(valid) and valid[-1] >= 4
+            assert all("train/invalid_discarded" in r and "train/step_s" in r for r in rewards)
+        else:  # the held-out curve is the run's curve.csv, point for point
+            curve = pd.read_csv(answered.root / RESULTS / arm / "seed1" / "curve.csv")
+            scored = curve[curve["scored"]]
+            points = [
+                (r["valid_trajectories"], r["wall_clock_s"], r["heldout/success_rate"])
+                for r in run["history"]
+            ]
+            assert points == list(
+                zip(
+                    scored["valid_trajectories"],
+                    scored["wall_clock_s"],
+                    scored["heldout_success_rate"],
+                    strict=True,
+                )
+            )
+            assert all(
+                r["heldout_wall_clock/success_rate"] == r["heldout/success_rate"]
+                for r in run["history"]
+            )

@@ -42,7 +42,13 @@ def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", task
     returns them as RunRecords.load takes them."""
     run = Path(root) / arm / f"seed{seed}"
     (run / "eval").mkdir(parents=True)
-    pins = {"arm": arm, "seed": seed, "comparable_sha256": comparable}
+    pins = {
+        "arm": arm,
+        "seed": seed,
+        "experiment_id": "embedded-default-v5",
+        "comparable_sha256": comparable,
+        "training": {"tools": "click"},
+    }
     (run / "pins.json").write_text(json.dumps(pins))
     checkpoints, evaluations = [], []
     for i, rate in enumerate(rates, 1):
@@ -190,8 +196,10 @@ def test_run_table_from_named_files(tmp_path):
     files = write_run(tmp_path, "drums", 1, [0.25, 0.5], 1.0)
     out = tmp_path / "curve.csv"
     evals = [str(e) for e in files["evaluations"][:1]]  # the second checkpoint not evaluated
-    argv = ["--pins", str(files["pins"]), "--checkpoints", str(files["checkpoints"])]
+    argv = ["--target", str(REPO / "preregistration" / "target.yaml")]
+    argv += ["--pins", str(files["pins"]), "--checkpoints", str(files["checkpoints"])]
     argv += ["--run", str(files["run"]), "--evals", *evals, "--out", str(out)]
+    argv += ["--wandb-dir", str(tmp_path / "wandb")]
     assert run_table.main(argv) == 0
     table = pd.read_csv(out)
     assert list(table.columns) == run_table.COLUMNS

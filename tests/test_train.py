@@ -217,6 +217,8 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
             str(out / "checkpoints"),
             "--run",
             str(out / "run.json"),
+            "--wandb-dir",
+            str(out / "wandb"),
         ],
         cwd=root,
         capture_output=True,

@@ -36,7 +36,8 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -51,8 +52,10 @@ from envab.envs.arms import ArmError, open_arm
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import Budget, Preregistration
+from envab.progress import Console, duration, job_console
 from envab.receipts import Receipts, utc_now
 from envab.schema import ConfigError
+from envab.tracking import public_arm_config, start_run
 from envab.trainer import agent
 from envab.trainer.accounting import Ledger, Prices
 from envab.trainer.environment import GenerationClock, Run, environment_factory
@@ -233,12 +236,25 @@ def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
 
 class Accounting(TrainerCallback):
     """Starts the clock at the first step, checkpoints every N valid trajectories (after the
-    update that consumed them), and stops at whichever budget limit comes first."""
+    update that consumed them), stops at whichever budget limit comes first, and reports: a line
+    per checkpoint on the console, every step's numbers to the run's wandb run."""
 
-    def __init__(self, run: Run, budget: Budget, checkpoints: Path, frozen_utc: str, processor):
+    def __init__(
+        self,
+        run: Run,
+        budget: Budget,
+        checkpoints: Path,
+        frozen_utc: str,
+        processor,
+        console: Console,
+        tracker,
+    ):
         self.run, self.budget, self.checkpoints = run, budget, checkpoints
         self.frozen_utc, self.processor = frozen_utc, processor
+        self.console, self.tracker = console, tracker
         self.stop_reason: str | None = None
+        self.step_started = 0.0
+        self.step_s = 0.0
         self.progress = tqdm(
             total=budget.max_valid_trajectories,
             desc=f"{run.ledger.arm} seed{run.ledger.seed} valid",
@@ -255,20 +271,58 @@ class Accounting(TrainerCallback):
             ledger.start()
             first_step_after_freeze(ledger.started_utc, self.frozen_utc)
         self.run.step = state.global_step + 1
+        self.step_started = time.monotonic()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         ledger = self.run.ledger
+        self.step_s = time.monotonic() - self.step_started
         self.progress.update(ledger.valid - self.progress.n)
         self.progress.set_postfix(invalid=ledger.invalid, step=state.global_step)
         while ledger.checkpoint_due():
             name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
             record = self._save(model, name, state.global_step)
             log.info("checkpoint %s at %d valid trajectories", name, record["valid_trajectories"])
+            self.console.say(self._checkpoint_line(record))
         self.stop_reason = ledger.stop_reason(
             self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
         )
         if self.stop_reason:
             control.should_training_stop = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """TRL's numbers of the step (reward, loss, KL) with our counters, against valid
+        trajectories (tracking.py defines the axes)."""
+        counters = self.run.ledger.counters()
+        trl = {f"train/{k}": v for k, v in (logs or {}).items() if isinstance(v, int | float)}
+        self.tracker.log(
+            {
+                **trl,
+                "valid_trajectories": counters["valid_trajectories"],
+                "wall_clock_s": counters["wall_clock_s"],
+                "train/invalid_discarded": counters["invalid_discarded"],
+                "train/step_s": self.step_s,
+                "train/env_busy_s": counters["env_busy_s"],
+                "train/inference_s": counters["inference_s"],
+                "train/env_cost_usd": counters["env_cost_usd"],
+                "train/global_step": state.global_step,
+            }
+        )
+
+    def _checkpoint_line(self, record: dict) -> str:
+        valid, budget = record["valid_trajectories"], self.budget
+        wall = record["wall_clock_s"]
+        left = min(
+            (budget.max_valid_trajectories - valid) * wall / valid if valid else float("inf"),
+            budget.max_wall_clock_s - wall,
+        )
+        reward = record["train_success"]
+        reward = f"{reward:.2f}" if reward is not None else "-"
+        return (
+            f"checkpoint {record['checkpoint']}: {valid}/{budget.max_valid_trajectories} valid "
+            f"({100 * valid / budget.max_valid_trajectories:.0f}%), "
+            f"{record['invalid_discarded']} invalid, train reward {reward}, {duration(wall)}, "
+            f"ETA {duration(left) if left != float('inf') else '?'} (held-out: its eval job)"
+        )
 
     def _save(self, model, name: str, step: int) -> dict:
         files = save_checkpoint(model, self.processor, self.checkpoints / name)
@@ -303,6 +357,8 @@ def build_trainer(
     outputs: Outputs,
     args,
     scratch: Path,
+    console: Console,
+    tracker,
 ) -> tuple[GRPOTrainer, Accounting]:
     """TRL's GRPOTrainer on the arm's fork groups, and its Accounting callback."""
     settings = inputs.settings
@@ -322,6 +378,8 @@ def build_trainer(
         outputs.checkpoints,
         preregistration.frozen_utc(inputs.receipts[preregistration.RECEIPT]),
         prepared.processor,
+        console,
+        tracker,
     )
     trainer = GRPOTrainer(
         model=prepared.model,
@@ -383,7 +441,7 @@ def lora_config(rank: int) -> LoraConfig:
 # --- 4. run --------------------------------------------------------------------------------------
 
 
-def train(args) -> dict:
+def train(args, console: Console) -> dict:
     outputs = Outputs(
         Path(args.trajectories),
         Path(args.checkpoint_records),
@@ -393,6 +451,19 @@ def train(args) -> dict:
     inputs = check_inputs(args, outputs)
     ledger = open_ledger(inputs, outputs)
     prepared = prepare(inputs, args.model)
+    tracker = start_run(
+        "train",
+        inputs.prereg.experiment_id,
+        inputs.arm,
+        inputs.seed,
+        sha256_file(args.target),
+        {
+            "training": inputs.pins["training"],
+            "arm_config": public_arm_config(inputs.pins["arm_config"]),
+            "budget": asdict(inputs.prereg.budget),
+        },
+        directory=args.wandb_dir,
+    )
     with (
         open_arm(
             inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
@@ -401,13 +472,14 @@ def train(args) -> dict:
     ):
         groups = ForkGroups(backend, inputs.settings.num_generations, inputs.faults)
         trainer, callback = build_trainer(
-            inputs, prepared, ledger, groups, outputs, args, Path(scratch)
+            inputs, prepared, ledger, groups, outputs, args, Path(scratch), console, tracker
         )
         try:
             trainer.train()
         finally:
             groups.close()
             callback.progress.close()
+            tracker.finish()
         # What the arm is, beyond its config (a VM pool: acceleration, guest and snapshot digests).
         environment = backend.describe() if hasattr(backend, "describe") else None
     return write_record(inputs, ledger, trainer, callback, environment, args, outputs)
@@ -460,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", required=True, help="writes: one folder per checkpoint")
     parser.add_argument("--run", required=True, help="writes: run.json, the final record")
     parser.add_argument("--host-log", help="where an embedded host writes its log")
+    parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
+    parser.add_argument("--log", help="the job's log; the console then gets a line per checkpoint")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--vllm-server",
@@ -468,18 +542,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lora-r", type=int, default=0, help="cuda only: LoRA rank (0: full)")
     args = parser.parse_args(argv)
+    run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
+    console = job_console(
+        f"train {run_dir.parent.name} {run_dir.name}", args.log, "GRPO until the budget is spent"
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     try:
-        record = train(args)
+        record = train(args, console)
     except (GuardError, ConfigError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
+        console.say(f"error: {e}")
         return 2
-    print(
-        f"train {record['arm']} seed {record['seed']}: {record['stop_reason']} after "
-        f"{record['valid_trajectories']} valid, {record['invalid_discarded']} invalid, "
-        f"{record['checkpoints']} checkpoints, {record['wall_clock_s']:.1f} s"
+    summary = (
+        f"{record['stop_reason']} after {record['valid_trajectories']} valid, "
+        f"{record['invalid_discarded']} invalid, {record['checkpoints']} checkpoints, "
+        f"{record['wall_clock_s']:.1f} s"
     )
+    print(f"train {record['arm']} seed {record['seed']}: {summary}")
+    console.say(f"done: {summary}")
     return 0
 
 

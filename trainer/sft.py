@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import set_seed
+from transformers import TrainerCallback, set_seed
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import get_training_chat_template
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
@@ -37,6 +37,7 @@ from envab import preregistration
 from envab.envs.desktop import Desktop, screen_of
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
+from envab.progress import Console, duration, eta, job_console
 from envab.receipts import subject, write_receipt
 from envab.schema import ConfigError
 from envab.trainer import agent
@@ -101,6 +102,23 @@ def demonstration_collator(processor, demos: dict, tools: agent.ToolSet):
     )
 
 
+class StepProgress(TrainerCallback):
+    """A transformers Trainer's progress on the console: a line at each logging step (set
+    `logging_steps` to a tenth of max_steps) with the training loss and an ETA. For the warm start,
+    whose length is a step count."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            step, elapsed = state.global_step, self.console.elapsed()
+            self.console.say(
+                f"step {step}/{state.max_steps}, loss {logs['loss']:.4f}, {duration(elapsed)}, "
+                f"ETA {eta(step, state.max_steps, elapsed)}"
+            )
+
+
 class WithTools:
     """The processor, rendering every conversation with the agent's tools. TRL's vision collator
     passes no `tools`, so without this the warm start would learn from a prompt without the tool
@@ -117,7 +135,7 @@ class WithTools:
         return self._processor.apply_chat_template(conversation, tools=self._tools, **kwargs)
 
 
-def train(args) -> dict:
+def train(args, console: Console) -> dict:
     _, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
     check_code(receipts)
@@ -152,7 +170,7 @@ def train(args) -> dict:
             bf16=args.device != "cpu",
             gradient_checkpointing=False,
             save_strategy="no",
-            logging_steps=10,
+            logging_steps=max(1, settings["steps"] // 10),  # a console line each tenth
             report_to="none",
             remove_unused_columns=False,
             dataloader_num_workers=0,
@@ -163,6 +181,7 @@ def train(args) -> dict:
             train_dataset=dataset,
             processing_class=processor,
             data_collator=demonstration_collator(processor, demos, tools),
+            callbacks=[StepProgress(console)],
         )
         result = trainer.train()
         model_dir = scratch / "model"
@@ -213,18 +232,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--receipt", required=True, help="writes: receipts/<exp>/sft.json")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--log", help="the job's log; the console then gets its progress")
     args = parser.parse_args(argv)
+    console = job_console("sft", args.log, "the warm start on oracle demonstrations")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        summary = train(args)
+        summary = train(args, console)
     except (GuardError, ConfigError, ModelPinError) as e:
         print(f"error: {e}", file=sys.stderr)
+        console.say(f"error: {e}")
         return 2
-    print(
-        f"sft: {summary['demonstrations']} demonstrations, {summary['steps']} steps, "
+    line = (
+        f"{summary['demonstrations']} demonstrations, {summary['steps']} steps, "
         f"final loss {summary['loss']:.4f}"
     )
+    print(f"sft: {line}")
+    console.say(f"done: {line}")
     return 0
 
 

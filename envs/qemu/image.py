@@ -41,6 +41,7 @@ from envab.envs.qemu.tools import ToolMissing, require
 from envab.envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied, VMSpec
 from envab.hashing import sha256_bytes, sha256_file, sha256_json
 from envab.io import atomic_write_json
+from envab.progress import job_console
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
@@ -536,19 +537,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--accel", choices=["auto", "kvm", "tcg"], default=ImageConfig.accel)
     parser.add_argument("--record", type=Path, help="also write the guest record here")
+    parser.add_argument("--log", help="the job's log; the console then gets each stage built")
     args = parser.parse_args(argv)
+    console = job_console("qemu guest", args.log, f"cache {args.cache.as_posix()}")
+
+    def stage(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+        console.say(message)
+
     try:
         config = ImageConfig(cache=args.cache, memory_mib=args.memory, accel=args.accel)
-        record = ensure_guest(config, log=lambda m: print(m, file=sys.stderr, flush=True))
+        record = ensure_guest(config, log=stage)
     except (ToolMissing, BuildError, ValueError) as e:
         print(f"envab.envs.qemu.image: {e}", file=sys.stderr)
+        console.say(f"error: {e}")
         return 1
     out = args.record or args.cache / f"guest-{record.memory_mib}-{record.accel}.json"
     atomic_write_json(out, record.to_dict())
-    print(
+    line = (
         f"guest {record.image_digest[:16]} warm {record.warm_digest[:16]} "
         f"({record.accel}, {record.memory_mib} MiB) -> {out}"
     )
+    print(line)
+    console.say(f"done: {line}")
     return 0
 
 
