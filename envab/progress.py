@@ -66,6 +66,18 @@ def job_console(job: str, log: str | Path | None, what: str = "") -> Console:
             os.dup2(file.fileno(), 1)
             os.dup2(file.fileno(), 2)
         console = Console(job, terminal)
+        _say_crashes(console, log)
     where = f"log: {Path(log).as_posix()}" if log else "no log file (output below)"
     console.say(f"{where}{'; ' + what if what else ''}")
     return console
+
+
+def _say_crashes(console: Console, log: str | Path) -> None:
+    """An unexpected exception's traceback goes to the log; its one line to the console too."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        console.say(f"failed: {kind.__name__}: {value} (traceback in {Path(log).as_posix()})")
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook

@@ -36,10 +36,12 @@ def answered(tmp_path_factory, make_workflow):
     workflow.edit_config(config)
     workflow.edit_target(target)
     workflow.selected = run_selected_through_a_cluster_executor(workflow)
+    workflow.console = ""  # what Snakemake's console showed
     for targets in ((), ("report",)):
         result = workflow.snakemake(*targets, timeout=1500, env=OFFLINE)
         logs = "".join(p.read_text()[-2000:] for p in (workflow.root / "logs").rglob("*.log"))
         assert result.returncode == 0, result.stderr[-3000:] + logs
+        workflow.console += result.stderr
     return workflow
 
 
@@ -83,6 +85,34 @@ def test_the_literal_command_ran_only_that_arm_and_seed_on_a_cluster(answered):
     assert any(name.startswith("snakejob.outcome.") for name in spawned)
     for name, script in spawned.items():  # each re-parsed with the selection as config
         assert "--config \"arm='drums'\" 'seed=1'" in script, name
+
+
+def test_the_console_shows_each_jobs_log_and_progress(answered):
+    console = answered.console.splitlines()
+    logs = f"logs/{EXP}"
+    assert (
+        f"[train restore seed1] log: {logs}/train_restore_seed1.log; GRPO until the budget is spent"
+        in console
+    )
+    assert any(
+        line.startswith("[train restore seed1] checkpoint valid-000004: 4/4 valid (100%)")
+        and "ETA" in line
+        for line in console
+    )
+    assert any(
+        line.startswith("[train restore seed1] done: max_valid_trajectories") for line in console
+    )
+    # The warm start ran in the cluster run before, where the job script's output is kept.
+    spawned = (answered.root / "submitted.log").read_text().splitlines()
+    assert any(line.startswith("[sft] step 2/2, loss ") for line in spawned)
+    assert (
+        f"[eval restore seed1 valid-000004] log: {logs}/eval_restore_seed1_valid-000004.log"
+        in console
+    )
+    assert any(
+        line.startswith("[eval restore seed1 valid-000004] held-out success ") for line in console
+    )
+    assert not any("Traceback" in line for line in console)  # tracebacks stay in the logs
 
 
 def test_outcome_has_both_arms_and_a_verdict(answered):
