@@ -40,13 +40,14 @@ def eta(done: float, total: float, elapsed: float) -> str:
 class Console:
     """One job's lines on the console, each prefixed with the job's name."""
 
-    def __init__(self, job: str, stream: TextIO | None = None):
+    def __init__(self, job: str, stream: TextIO | None):
         self.job = job
-        self.stream = stream or sys.stderr
+        self.stream = stream  # None: the job's whole output is on the terminal already
         self.started = time.monotonic()
 
     def say(self, text: str) -> None:
-        print(f"[{self.job}] {text}", file=self.stream, flush=True)
+        if self.stream is not None:
+            print(f"[{self.job}] {text}", file=self.stream, flush=True)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -54,21 +55,20 @@ class Console:
 
 def job_console(job: str, log: str | Path | None, what: str = "") -> Console:
     """The job's console; with `log`, this process's stdout and stderr (and those of every child
-    it starts) go to that file from here on, and the console keeps the terminal it had."""
+    it starts) go to that file from here on, and the console keeps the terminal it had. Without
+    one, everything stays on the terminal and the console says nothing more."""
     if log is None:
-        console = Console(job)
-    else:
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        terminal = os.fdopen(os.dup(2), "w", buffering=1)
-        with open(log, "a") as file:  # dup2 keeps the descriptor open after the close
-            os.dup2(file.fileno(), 1)
-            os.dup2(file.fileno(), 2)
-        console = Console(job, terminal)
-        _say_crashes(console, log)
-    where = f"log: {Path(log).as_posix()}" if log else "no log file (output below)"
-    console.say(f"{where}{'; ' + what if what else ''}")
+        return Console(job, None)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    with open(log, "a") as file:  # dup2 keeps the descriptor open after the close
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+    console = Console(job, terminal)
+    _say_crashes(console, log)
+    console.say(f"log: {Path(log).as_posix()}{'; ' + what if what else ''}")
     return console
 
 

@@ -47,3 +47,11 @@ def test_durations_and_etas_read_at_a_glance():
     ]
     assert eta(0, 48, 10) == "?"
     assert eta(16, 48, 14) == "28s"  # 32 left at 16 per 14 s
+
+
+def test_without_a_log_the_output_stays_on_the_terminal_once(tmp_path):
+    job = JOB.replace("sys.argv[1]", "None")
+    result = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=60)
+    assert "a library's chatter" in result.stdout
+    assert "[train drums seed1]" not in result.stdout + result.stderr  # nothing said twice
+    assert result.stderr.count("RuntimeError: boom") == 1
