@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from trl.chat_template_utils import add_response_schema, parse_response
 
-from envab import preregistration
+from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
 from envab.hashing import file_manifest, sha256_bytes
 from envab.io import atomic_write_json, read_jsonl
@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
         started = time.perf_counter()
+        snapshot = machine_load.Snapshot.now()
         policy = Policy(args.checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
         episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
         console.say(f"{episodes} held-out episodes on {prereg.evaluation.backend}")
@@ -281,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         with open_arm(json.loads(args.backend)) as backend:
             result = evaluate(policy, backend, tasks, protocol, log=progress.episode)
         wall = time.perf_counter() - started
+        measured = machine_load.since(snapshot)
     except (ConfigError, GuardError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")
@@ -293,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "protocol": asdict(protocol),
         **result,
         "wall_s": wall,
+        "load": measured,  # CPU time, load average and steal (envab/machine_load.py)
         "inference_s": policy.generation_s,
         "cost_usd": wall / 3600 * prices.host(backend_name)
         + policy.generation_s / 3600 * prices.inference_usd_per_hour,

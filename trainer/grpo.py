@@ -47,7 +47,7 @@ from tqdm import tqdm
 from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
-from envab import preregistration
+from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
@@ -464,6 +464,7 @@ def train(args, console: Console) -> dict:
         },
         directory=args.wandb_dir,
     )
+    started = machine_load.Snapshot.now()
     with (
         open_arm(
             inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
@@ -482,7 +483,9 @@ def train(args, console: Console) -> dict:
             tracker.finish()
         # What the arm is, beyond its config (a VM pool: acceleration, guest and snapshot digests).
         environment = backend.describe() if hasattr(backend, "describe") else None
-    return write_record(inputs, ledger, trainer, callback, environment, args, outputs)
+    # After the arm is closed, so that its processes' CPU time is counted.
+    measured = machine_load.since(started)
+    return write_record(inputs, ledger, trainer, callback, environment, measured, args, outputs)
 
 
 # --- 5. write the record -------------------------------------------------------------------------
@@ -494,6 +497,7 @@ def write_record(
     trainer,
     callback: Accounting,
     environment,
+    measured: dict,
     args,
     outputs: Outputs,
 ) -> dict:
@@ -514,6 +518,7 @@ def write_record(
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
         "environment": environment,
+        "load": measured,  # CPU time, load average and steal over the run (envab/machine_load.py)
     }
     atomic_write_json(outputs.run, record)
     return record

@@ -1,0 +1,287 @@
+"""When has a run crossed the target? A pre-registered rule that noise alone rarely trips.
+
+Held-out success at a checkpoint is a sample: with 64 episodes its standard error near 0.75 is
+about 0.054. The old rule ("first_crossing": the first checkpoint whose sampled rate is at or
+above the threshold) therefore accepts a flat policy at a true 0.70 against a 0.75 target with
+probability ~0.23 at one look and ~0.73 over five looks. Time-to-target would then measure the
+evaluation noise, not the arm. Two rules that noise rarely trips:
+
+- ``lower_bound``: the first checkpoint whose one-sided Wilson lower confidence bound on held-out
+  success is at or above the threshold (the evidence, not the point estimate, clears the bar);
+- ``consecutive``: the first checkpoint that starts a run of k consecutive scored checkpoints whose
+  sampled rates are all at or above the threshold (the crossing is dated at the first of them).
+
+An unscored checkpoint (no valid rate) is never accepted and breaks a consecutive run. The rule is
+pre-registered (a section of target.yaml), so it cannot be chosen after seeing the curves.
+
+``false_crossing_probability`` / ``crossing_power`` simulate a flat policy to show what a rule
+costs in both directions. ``confirmatory_episodes`` / ``confirm`` size and judge a fresh held-out
+evaluation of the accepted checkpoint, which separates the threshold from threshold - delta.
+
+The binomial model treats a checkpoint's episodes as independent draws at one rate. For a fixed
+held-out task set with per-task rates p_i, the sampling variance sum p_i(1-p_i)/n^2 is at most the
+binomial one at the mean rate, so the bounds here err on the safe (wider) side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy.stats import binom, binomtest
+from statsmodels.stats.power import NormalIndPower
+from statsmodels.stats.proportion import proportion_effectsize
+
+from envab.analysis.statistics import wilson_interval
+
+KINDS = ("lower_bound", "consecutive", "first_crossing")
+
+
+@dataclass(frozen=True)
+class CrossingRule:
+    """A pre-registered crossing rule.
+
+    kind: "lower_bound" | "consecutive" | "first_crossing" (the old rule; noise-prone, kept only
+    for comparison). confidence: the one-sided level of the Wilson lower bound (lower_bound only).
+    consecutive: how many consecutive scored checkpoints must all be at or above the threshold
+    (consecutive only). Fields that a kind does not use keep their defaults and are ignored.
+    """
+
+    kind: str
+    confidence: float = 0.95
+    consecutive: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"crossing rule {self.kind!r}: expected one of {', '.join(KINDS)}")
+        if not 0.5 < self.confidence < 1:
+            # one-sided level c is the two-sided 2c-1 interval, which needs c in (0.5, 1)
+            raise ValueError(f"confidence {self.confidence}: must lie in (0.5, 1)")
+        if (
+            isinstance(self.consecutive, bool)
+            or not isinstance(self.consecutive, int)
+            or self.consecutive < 1
+        ):
+            raise ValueError(f"consecutive {self.consecutive!r}: must be an integer >= 1")
+
+    @classmethod
+    def from_dict(cls, section: Mapping | CrossingRule) -> CrossingRule:
+        """From the target.yaml section: {"rule": "lower_bound", "confidence": 0.95},
+        {"rule": "consecutive", "checkpoints": 2} or {"rule": "first_crossing"}. A key the rule does
+        not use is refused: a pre-registration should say exactly what it means."""
+        if isinstance(section, CrossingRule):
+            return section
+        section = dict(section)
+        kind = section.pop("rule", None)
+        allowed = {"lower_bound": {"confidence"}, "consecutive": {"checkpoints"}}.get(kind, set())
+        extra = set(section) - allowed
+        if kind in KINDS and extra:
+            raise ValueError(f"crossing rule {kind!r}: unexpected keys {sorted(extra)}")
+        return cls(
+            kind=kind,
+            confidence=section.get("confidence", 0.95),
+            consecutive=section.get("checkpoints", 2),
+        )
+
+    def to_dict(self) -> dict:
+        """The inverse of from_dict, for the outcome record."""
+        if self.kind == "lower_bound":
+            return {"rule": self.kind, "confidence": self.confidence}
+        if self.kind == "consecutive":
+            return {"rule": self.kind, "checkpoints": self.consecutive}
+        return {"rule": self.kind}
+
+
+def wilson_lower_bound(successes: int, episodes: int, confidence: float = 0.95) -> float:
+    """One-sided Wilson lower bound at level `confidence`: the lower end of the two-sided interval
+    at 2*confidence - 1 (both put 1 - confidence in the lower tail: z = Phi^-1(confidence))."""
+    return wilson_interval(successes, episodes, 2 * confidence - 1)[0]
+
+
+def _passes(successes: int, episodes: int, threshold: float, rule: CrossingRule) -> bool:
+    """Does one scored checkpoint clear the bar on its own (lower_bound: the bound; else the rate)?"""
+    if rule.kind == "lower_bound":
+        return wilson_lower_bound(successes, episodes, rule.confidence) >= threshold
+    return successes / episodes >= threshold  # as time_to_target compares success_rate
+
+
+def _score(point) -> tuple[int, int] | None:
+    """(successes, episodes) of a point, or None when it is unscored."""
+    if point is None:
+        return None
+    if isinstance(point, Mapping):
+        if not point.get("scored", True):
+            return None
+        successes, episodes = point.get("successes"), point.get("episodes")
+    else:
+        _, successes, episodes = point
+    if successes is None or not episodes:
+        return None
+    if not 0 <= successes <= episodes:
+        raise ValueError(f"successes {successes} outside [0, {episodes}]")
+    return int(successes), int(episodes)
+
+
+def accepted_crossing(
+    points: Sequence, threshold: float, rule: CrossingRule | Mapping
+) -> int | None:
+    """Index into `points` of the checkpoint the rule accepts as the crossing, or None.
+
+    `points` are the run's checkpoints in order of valid trajectories consumed, each either
+    - an evaluation record (eval/<checkpoint>.json: "scored", "successes", "episodes"), or None
+      when the checkpoint has no evaluation; or
+    - a tuple (valid_trajectories, successes, episodes), successes/episodes None when unscored;
+      the valid_trajectories must increase (the order is the time axis, so it is checked).
+    An unscored point is never accepted and breaks a consecutive run. The index, not a name, is
+    returned so the caller maps it back onto its own ordered checkpoint list.
+    """
+    rule = CrossingRule.from_dict(rule)
+    counts = [t[0] for t in points if t is not None and not isinstance(t, Mapping)]
+    if any(b <= a for a, b in zip(counts, counts[1:], strict=False)):
+        raise ValueError("points must be ordered by increasing valid_trajectories")
+    need = rule.consecutive if rule.kind == "consecutive" else 1
+    run_start, run_length = None, 0
+    for index, point in enumerate(points):
+        score = _score(point)
+        if score is None or not _passes(*score, threshold, rule):
+            run_start, run_length = None, 0
+            continue
+        if run_start is None:
+            run_start = index
+        run_length += 1
+        if run_length >= need:
+            return run_start
+    return None
+
+
+def crossing_probability(
+    true_rate: float,
+    threshold: float,
+    episodes: int,
+    looks: int,
+    rule: CrossingRule | Mapping,
+    simulations: int = 20000,
+    seed: int = 0,
+) -> float:
+    """Monte Carlo probability that `rule` accepts a crossing for a flat policy at `true_rate`
+    evaluated `looks` times with `episodes` fresh episodes each. Below the threshold it is the
+    false-crossing rate; above it, the power. Per-look acceptance depends only on the success
+    count, so it is tabulated once with the same code accepted_crossing uses, then looked up."""
+    rule = CrossingRule.from_dict(rule)
+    if episodes < 1 or looks < 0 or simulations < 1:
+        raise ValueError("episodes and simulations must be >= 1, looks >= 0")
+    need = rule.consecutive if rule.kind == "consecutive" else 1
+    if looks < need:
+        return 0.0
+    table = np.array([_passes(s, episodes, threshold, rule) for s in range(episodes + 1)])
+    draws = np.random.default_rng(seed).binomial(episodes, true_rate, size=(simulations, looks))
+    passes = table[draws]
+    accepted = sliding_window_view(passes, need, axis=1).all(axis=2).any(axis=1)
+    return float(accepted.mean())
+
+
+def false_crossing_probability(
+    true_rate: float,
+    threshold: float,
+    episodes: int,
+    looks: int,
+    rule: CrossingRule | Mapping,
+    simulations: int = 20000,
+    seed: int = 0,
+) -> float:
+    """Probability that a flat policy at `true_rate` (below `threshold`) is accepted as crossing
+    within `looks` evaluations: what noise alone buys. See crossing_probability."""
+    return crossing_probability(true_rate, threshold, episodes, looks, rule, simulations, seed)
+
+
+def crossing_power(
+    true_rate: float,
+    threshold: float,
+    episodes: int,
+    looks: int,
+    rule: CrossingRule | Mapping,
+    simulations: int = 20000,
+    seed: int = 0,
+) -> float:
+    """Probability that a flat policy at `true_rate` (above `threshold`) is accepted within
+    `looks` evaluations: what a strict rule costs a real crossing. See crossing_probability."""
+    return crossing_probability(true_rate, threshold, episodes, looks, rule, simulations, seed)
+
+
+def confirmatory_episodes(
+    threshold: float, delta: float = 0.05, alpha: float = 0.05, power: float = 0.8
+) -> int:
+    """Fresh held-out episodes for a one-sample one-sided test of H0: p <= threshold - delta
+    against the alternative p = threshold, at level `alpha` with `power`.
+
+    One sample (the accepted checkpoint against a fixed value), so NormalIndPower with ratio=0,
+    whose variance is 1/nobs1, and alternative="larger". The effect size is Cohen's h,
+    proportion_effectsize(threshold, threshold - delta) = 2 asin(sqrt p1) - 2 asin(sqrt p0): the
+    arcsine transform makes a proportion's variance 1/(4n) whatever p, so the z-test power formula
+    applies without a p-dependent variance. It is an approximation to the exact binomial test
+    that confirm() runs; confirmation_power() gives that test's exact power at any n.
+    """
+    null = threshold - delta
+    if not (0 < delta and 0 < null < threshold <= 1):
+        raise ValueError(f"need 0 < threshold - delta < threshold <= 1, got {threshold}, {delta}")
+    effect = proportion_effectsize(threshold, null)
+    n = NormalIndPower().solve_power(
+        effect_size=effect, nobs1=None, alpha=alpha, power=power, ratio=0, alternative="larger"
+    )
+    return math.ceil(n)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    verdict: str  # confirmed | not confirmed
+    successes: int
+    episodes: int
+    success_rate: float
+    threshold: float
+    null_rate: float  # threshold - delta: the rate the data must rule out
+    p_value: float  # exact one-sided binomial P(X >= successes | null_rate)
+    lower_bound: float  # one-sided Clopper-Pearson lower bound at 1 - alpha
+    alpha: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def confirm(
+    successes: int, episodes: int, threshold: float, delta: float = 0.05, alpha: float = 0.05
+) -> Confirmation:
+    """Judge a fresh held-out evaluation of the accepted checkpoint: "confirmed" when the exact
+    one-sided binomial test rejects p <= threshold - delta at level alpha (equivalently the
+    one-sided Clopper-Pearson lower bound at 1 - alpha exceeds threshold - delta). Exact, so the
+    false-confirmation rate is at most alpha at any n; "not confirmed" is not "below target"."""
+    null = threshold - delta
+    if not 0 < null < 1:
+        raise ValueError(f"threshold - delta = {null}: must lie in (0, 1)")
+    test = binomtest(successes, episodes, null, alternative="greater")
+    low = float(test.proportion_ci(confidence_level=1 - alpha, method="exact").low)
+    return Confirmation(
+        verdict="confirmed" if test.pvalue <= alpha else "not confirmed",
+        successes=successes,
+        episodes=episodes,
+        success_rate=successes / episodes,
+        threshold=threshold,
+        null_rate=null,
+        p_value=float(test.pvalue),
+        lower_bound=low,
+        alpha=alpha,
+    )
+
+
+def confirmation_power(
+    true_rate: float, episodes: int, threshold: float, delta: float = 0.05, alpha: float = 0.05
+) -> float:
+    """Exact probability that confirm() says "confirmed" for a policy at `true_rate` with
+    `episodes` fresh episodes: the smallest success count k with P(X >= k | threshold - delta) <=
+    alpha is the critical value, and the power is P(X >= k | true_rate)."""
+    null = threshold - delta
+    k = np.arange(episodes + 2)
+    critical = k[binom.sf(k - 1, episodes, null) <= alpha][0]
+    return float(binom.sf(critical - 1, episodes, true_rate))
