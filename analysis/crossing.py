@@ -102,7 +102,7 @@ def wilson_lower_bound(successes: int, episodes: int, confidence: float = 0.95) 
 
 
 def _passes(successes: int, episodes: int, threshold: float, rule: CrossingRule) -> bool:
-    """Does one scored checkpoint clear the bar on its own (lower_bound: the bound; else the rate)?"""
+    """Does one scored checkpoint clear the bar alone (lower_bound: its bound; else its rate)?"""
     if rule.kind == "lower_bound":
         return wilson_lower_bound(successes, episodes, rule.confidence) >= threshold
     return successes / episodes >= threshold  # as time_to_target compares success_rate
@@ -225,7 +225,7 @@ def confirmatory_episodes(
     that confirm() runs; confirmation_power() gives that test's exact power at any n.
     """
     null = threshold - delta
-    if not (0 < delta and 0 < null < threshold <= 1):
+    if not (delta > 0 and 0 < null < threshold <= 1):
         raise ValueError(f"need 0 < threshold - delta < threshold <= 1, got {threshold}, {delta}")
     effect = proportion_effectsize(threshold, null)
     n = NormalIndPower().solve_power(

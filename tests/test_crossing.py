@@ -35,9 +35,9 @@ def exact_probability(true_rate, threshold, episodes, looks, rule) -> float:
     rule = CrossingRule.from_dict(rule)
     s = np.arange(episodes + 1)
     if rule.kind == "lower_bound":
-        z = -binom.ppf(0, 1, 0.5)  # placeholder to keep numpy/scipy imports honest
-        del z
-        passing = [k for k in s if wilson_lower_bound(int(k), episodes, rule.confidence) >= threshold]
+        passing = [
+            k for k in s if wilson_lower_bound(int(k), episodes, rule.confidence) >= threshold
+        ]
     else:
         passing = [k for k in s if k / episodes >= threshold]
     q = float(binom.pmf(passing, episodes, true_rate).sum())
