@@ -36,63 +36,7 @@ from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_effectsize
 
 from envab.analysis.statistics import wilson_interval
-
-KINDS = ("lower_bound", "consecutive", "first_crossing")
-
-
-@dataclass(frozen=True)
-class CrossingRule:
-    """A pre-registered crossing rule.
-
-    kind: "lower_bound" | "consecutive" | "first_crossing" (the old rule; noise-prone, kept only
-    for comparison). confidence: the one-sided level of the Wilson lower bound (lower_bound only).
-    consecutive: how many consecutive scored checkpoints must all be at or above the threshold
-    (consecutive only). Fields that a kind does not use keep their defaults and are ignored.
-    """
-
-    kind: str
-    confidence: float = 0.95
-    consecutive: int = 2
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"crossing rule {self.kind!r}: expected one of {', '.join(KINDS)}")
-        if not 0.5 < self.confidence < 1:
-            # one-sided level c is the two-sided 2c-1 interval, which needs c in (0.5, 1)
-            raise ValueError(f"confidence {self.confidence}: must lie in (0.5, 1)")
-        if (
-            isinstance(self.consecutive, bool)
-            or not isinstance(self.consecutive, int)
-            or self.consecutive < 1
-        ):
-            raise ValueError(f"consecutive {self.consecutive!r}: must be an integer >= 1")
-
-    @classmethod
-    def from_dict(cls, section: Mapping | CrossingRule) -> CrossingRule:
-        """From the target.yaml section: {"rule": "lower_bound", "confidence": 0.95},
-        {"rule": "consecutive", "checkpoints": 2} or {"rule": "first_crossing"}. A key the rule does
-        not use is refused: a pre-registration should say exactly what it means."""
-        if isinstance(section, CrossingRule):
-            return section
-        section = dict(section)
-        kind = section.pop("rule", None)
-        allowed = {"lower_bound": {"confidence"}, "consecutive": {"checkpoints"}}.get(kind, set())
-        extra = set(section) - allowed
-        if kind in KINDS and extra:
-            raise ValueError(f"crossing rule {kind!r}: unexpected keys {sorted(extra)}")
-        return cls(
-            kind=kind,
-            confidence=section.get("confidence", 0.95),
-            consecutive=section.get("checkpoints", 2),
-        )
-
-    def to_dict(self) -> dict:
-        """The inverse of from_dict, for the outcome record."""
-        if self.kind == "lower_bound":
-            return {"rule": self.kind, "confidence": self.confidence}
-        if self.kind == "consecutive":
-            return {"rule": self.kind, "checkpoints": self.consecutive}
-        return {"rule": self.kind}
+from envab.preregistration import KINDS, CrossingRule  # noqa: F401  (the rule is pre-registered)
 
 
 def wilson_lower_bound(successes: int, episodes: int, confidence: float = 0.95) -> float:

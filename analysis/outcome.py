@@ -11,14 +11,15 @@ receipt.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 from envab import preregistration
+from envab.analysis.equivalence import convergence_ratio, curve_equivalence
 from envab.analysis.figures import plot_curves
 from envab.analysis.runs import RunRecords
 from envab.analysis.statistics import coincidence
+from envab.analysis.survival import SeedTime, across_seeds
 from envab.analysis.time_to_target import time_to_target
 from envab.io import atomic_write_json, atomic_write_text
 from envab.preregistration import Preregistration
@@ -51,8 +52,19 @@ def curve(run_list: list[RunRecords]) -> dict[int, dict[str, list[int]]]:
     return pooled
 
 
-def _row(run: RunRecords, threshold: float) -> dict:
-    result = time_to_target(run.checkpoints, run.evaluations, threshold, final=run.final)
+def seed_curves(run_list: list[RunRecords]) -> dict[int, dict[int, dict[str, list[int]]]]:
+    """Per training seed, per checkpoint's due count, per held-out task: episode outcomes."""
+    return {run.seed: curve([run]) for run in run_list}
+
+
+def _row(run: RunRecords, prereg: Preregistration) -> dict:
+    result = time_to_target(
+        run.checkpoints,
+        run.evaluations,
+        prereg.threshold,
+        final=run.final,
+        rule=prereg.target.crossing,
+    )
     valid = run.final.get("valid_trajectories") or 0
     env_cost = run.final.get("env_cost_usd") or 0.0
     scored = [e for e in run.evaluations.values() if e.get("scored")]
@@ -69,31 +81,71 @@ def _row(run: RunRecords, threshold: float) -> dict:
 
 
 def _arm_summary(rows: list[dict]) -> dict:
-    reached = [r for r in rows if r["reached"]]
-    summary = {"seeds": len(rows), "reached": len(reached)}
+    """How many seeds reached the target; the times themselves are compared across seeds with
+    censoring (`across_seeds`), never averaged over the seeds that happened to reach it."""
+    reached = sum(r["reached"] for r in rows)
+    summary = {"seeds": len(rows), "reached": reached, "censored": len(rows) - reached}
     if len(rows) == 1:
         summary["variance"] = "one seed per arm: a single draw, no claim about variance"
-        return summary
-    times = [r["wall_clock_s"] for r in reached]
-    summary["variance"] = f"{len(rows)} seeds"
-    if len(times) >= 2:
-        summary["time_to_target_s"] = {
-            "mean": statistics.fmean(times),
-            "stdev": statistics.stdev(times),
-            "min": min(times),
-            "max": max(times),
-        }
+    else:
+        summary["variance"] = f"{len(rows)} seeds"
     return summary
+
+
+def seed_time(row: dict, axis: str) -> SeedTime:
+    """One run's time-to-target on `axis` (wall_clock_s or valid_trajectories): at the accepted
+    crossing, after its last look below target; or censored at the budget it spent."""
+    if row["reached"]:
+        before = row["last_look_before"]
+        return SeedTime(row["seed"], True, row[axis], before[axis] if before else None)
+    return SeedTime(row["seed"], False, row["budget_spent"][axis])
+
+
+def _across_seeds(rows: list[dict], baseline: str, candidate: str, budget: float) -> dict:
+    try:
+        return across_seeds(
+            [seed_time(r, "wall_clock_s") for r in rows if r["arm"] == baseline],
+            [seed_time(r, "wall_clock_s") for r in rows if r["arm"] == candidate],
+            budget,
+            names=(baseline, candidate),
+        )
+    except ValueError as e:  # e.g. the target met at the start: no time to compare
+        return {"verdict": "not computed", "reason": str(e)}
+
+
+def _equivalence(by_arm, rows, baseline: str, candidate: str, prereg: Preregistration) -> dict:
+    """The pre-registered curve-equivalence test and the valid-trajectories-to-target ratio."""
+    settings = prereg.equivalence
+    try:
+        result = curve_equivalence(
+            seed_curves(by_arm[candidate]),
+            seed_curves(by_arm[baseline]),
+            margin=settings.margin(prereg.threshold),
+            samples=settings.bootstrap_samples,
+            confidence=settings.confidence,
+        ).to_dict()
+    except ValueError as e:
+        result = {"verdict": "not computed", "reason": str(e)}
+    valid = {(r["arm"], r["seed"]): r["valid_trajectories"] if r["reached"] else None for r in rows}
+    ratios = []
+    for seed in sorted(
+        {s for a, s in valid if a == baseline} & {s for a, s in valid if a == candidate}
+    ):
+        try:
+            ratio = convergence_ratio(
+                valid[candidate, seed], valid[baseline, seed], settings.convergence_band
+            ).to_dict()
+        except ValueError as e:
+            ratio = {"verdict": "not computed", "reason": str(e)}
+        ratios.append({"seed": seed, **ratio})
+    return {"curves": result, "convergence_ratio": ratios}
 
 
 def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
     if not runs:
         raise ValueError("no runs to analyse")
     comparable = check_comparable(runs)
-    rows = [
-        _row(r, prereg.threshold)
-        for r in sorted(runs, key=lambda r: (prereg.arms.index(r.arm), r.seed))
-    ]
+    rows = [_row(r, prereg) for r in sorted(runs, key=lambda r: (prereg.arms.index(r.arm), r.seed))]
     arms = [a for a in prereg.arms if any(r.arm == a for r in runs)]
     by_arm = {a: [r for r in runs if r.arm == a] for a in arms}
     checks = []
@@ -111,14 +163,30 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
         except ValueError as e:
             result = {"verdict": "not computed", "reason": str(e)}
         checks.append({"candidate": candidate, "baseline": baseline, **result})
+    pairs = [(baseline, candidate) for candidate in arms[1:]]
     return {
         "experiment_id": prereg.experiment_id,
         "question": prereg.question,
         "target": {"metric": prereg.target.metric, "threshold": prereg.target.threshold},
         "comparable_sha256": comparable,
+        "crossing_rule": prereg.target.crossing,
         "coincidence": checks,
+        "equivalence": [
+            {"candidate": c, "baseline": b, **_equivalence(by_arm, rows, b, c, prereg)}
+            for b, c in pairs
+        ]
+        if prereg.equivalence
+        else None,
         "runs": rows,
         "arms": {a: _arm_summary([r for r in rows if r["arm"] == a]) for a in arms},
+        "across_seeds": [
+            {
+                "candidate": c,
+                "baseline": b,
+                **_across_seeds(rows, b, c, prereg.budget.max_wall_clock_s),
+            }
+            for b, c in pairs
+        ],
         "inputs": {p: d for run in runs for p, d in run.inputs.items()},
     }
 
@@ -139,6 +207,60 @@ _VERDICT_TEXT = {
 }
 
 
+def _rule_text(rule: dict) -> str:
+    return ", ".join(f"{k} {v}" if k != "rule" else str(v) for k, v in rule.items())
+
+
+def _equivalence_line(check: dict) -> str:
+    pair = f"{check['candidate']} vs {check['baseline']}"
+    curves = check["curves"]
+    if "half_width" not in curves:
+        return f"- **{pair}: not computed** ({curves.get('reason', '')})"
+    ratios = "; ".join(
+        f"seed {r['seed']}: {r['verdict']}"
+        + (
+            f" ({r['ratio']:.2f}, band {r['bounds'][0]:.2f}–{r['bounds'][1]:.2f})"
+            if r.get("ratio")
+            else ""
+        )
+        for r in check["convergence_ratio"]
+    )
+    return (
+        f"- **{pair}: {curves['verdict']}.** Largest difference {curves['max_abs_difference']:.3f} "
+        f"(at {curves['max_at_valid_trajectories']} valid trajectories); simultaneous band "
+        f"±{curves['half_width']:.3f} over {len(curves['matched_valid_trajectories'])} matched "
+        f"checkpoints, {curves['heldout_tasks']} held-out tasks; margin ±{curves['margin']:.4f}. "
+        f"Valid trajectories to target, {check['candidate']}/{check['baseline']}: {ratios or '–'}."
+    )
+
+
+def _across_seeds_lines(check: dict) -> list[str]:
+    pair = f"{check['candidate']} vs {check['baseline']}"
+    if "kaplan_meier" not in check:
+        return [f"- {pair}: not computed ({check.get('reason', '')})"]
+    km = check["kaplan_meier"]
+    medians = ", ".join(
+        f"{arm} {_fmt(k['median'], ' s')} ({k['censored']} censored)" for arm, k in km.items()
+    )
+    rmst = check["rmst"]
+    ratio = check["paired_log_ratio"]
+    interval = (
+        f"[{ratio['interval_ratio'][0]:.2f}, {ratio['interval_ratio'][1]:.2f}]"
+        if ratio.get("interval_ratio")
+        else f"no interval ({ratio.get('interval_reason')})"
+    )
+    lines = [
+        f"- {pair}: Kaplan–Meier median time to target {medians}; log-rank p "
+        f"{_fmt(check['logrank']['p_value'], digits=3)}; restricted mean up to the budget "
+        + ", ".join(f"{a} {_fmt(v, ' s')}" for a, v in rmst["by_arm"].items())
+        + f"; paired time ratio {check['candidate']}/{check['baseline']} "
+        f"{_fmt(ratio.get('geometric_mean_ratio'), digits=2)} ({ratio.get('estimate_is')}), "
+        f"{interval}.",
+        f"- {check['claim']}",
+    ]
+    return lines
+
+
 def render_markdown(outcome: dict) -> str:
     t = outcome["target"]
     lines = [
@@ -146,11 +268,15 @@ def render_markdown(outcome: dict) -> str:
         "",
         f"**Question.** {outcome['question']}",
         "",
-        f"**Target.** {t['metric']} ≥ {t['threshold']} (pre-registered).",
-        "",
-        "## Learning curves: do the arms coincide?",
+        f"**Target.** {t['metric']} ≥ {t['threshold']} (pre-registered), crossed by the rule "
+        f"`{_rule_text(outcome['crossing_rule'])}`.",
         "",
     ]
+    if outcome["equivalence"] is not None:
+        lines += ["## Learning curves: equivalent within the margin?", ""]
+        lines += [_equivalence_line(check) for check in outcome["equivalence"]]
+        lines.append("")
+    lines += ["## Learning curves: do the arms coincide?", ""]
     for check in outcome["coincidence"]:
         verdict = _VERDICT_TEXT.get(check["verdict"], check["verdict"])
         detail = (
@@ -187,12 +313,14 @@ def render_markdown(outcome: dict) -> str:
             f"| {_fmt(counters.get('valid_trajectories'))} "
             f"| {_fmt(counters.get('invalid_discarded'))} | {r['stop_reason'] or '–'} |"
         )
-    lines += ["", "## Across seeds", ""]
+    lines += ["", "## Across seeds (a seed that never reached the target is censored)", ""]
     for arm, summary in outcome["arms"].items():
         lines.append(
             f"- **{arm}**: reached target in {summary['reached']} of {summary['seeds']} seeds; "
             f"{summary['variance']}."
         )
+    for check in outcome["across_seeds"]:
+        lines += _across_seeds_lines(check)
     lines += ["", "## Cost per valid rollout (environment)", ""]
     for r in outcome["runs"]:
         lines.append(

@@ -6,7 +6,8 @@ counters at that checkpoint: ``valid_trajectories``, ``invalid_discarded``, ``wa
 hours behind them). An evaluation record (eval/<checkpoint>.json) carries the held-out result:
 ``scored`` (false when too few valid episodes), ``success_rate``, ``successes``, ``episodes``.
 
-The outcome is the first checkpoint, in order of valid trajectories consumed, whose held-out
+The outcome is the checkpoint the pre-registered crossing rule accepts (analysis/crossing.py), in
+order of valid trajectories consumed; under the old first_crossing rule, the first whose held-out
 success rate is at least the threshold (exactly at the threshold counts). Otherwise "never reached
 target", with the final held-out rate and the budget spent. A checkpoint before the reaching one
 that has no scored evaluation makes the reported time an upper bound: the target might have been
@@ -14,6 +15,8 @@ reached there. That is said in the outcome, never hidden.
 """
 
 from __future__ import annotations
+
+from envab.analysis.crossing import accepted_crossing
 
 COUNTERS = (
     "valid_trajectories",
@@ -35,30 +38,44 @@ def time_to_target(
     evaluations: dict[str, dict],
     threshold: float,
     final: dict | None = None,
+    rule: dict | None = None,
 ) -> dict:
     """The outcome of one run. `evaluations` maps checkpoint name -> evaluation record; `final`
-    is the run's last counters (the budget spent), defaulting to the last checkpoint's."""
+    is the run's last counters (the budget spent), defaulting to the last checkpoint's; `rule` is
+    the pre-registered crossing rule (target.crossing; analysis/crossing.py), first_crossing when
+    not given. A reached run also names the last scored checkpoint before its crossing: the
+    target was reached after it, so the time lies between the two (interval censoring)."""
+    rule = rule or {"rule": "first_crossing"}
     ordered = sorted(checkpoints, key=lambda c: c["valid_trajectories"])
-    unevaluated: list[str] = []
-    for checkpoint in ordered:
-        evaluation = evaluations.get(checkpoint["checkpoint"])
-        if not _scored(evaluation):
-            unevaluated.append(checkpoint["checkpoint"])
-            continue
-        if evaluation["success_rate"] >= threshold:
-            return {
-                "reached": True,
-                "checkpoint": checkpoint["checkpoint"],
-                "heldout_success_rate": evaluation["success_rate"],
-                "upper_bound": bool(unevaluated),
-                "unevaluated_before": unevaluated,
-                **{k: checkpoint.get(k) for k in COUNTERS},
-            }
-    scored = [c for c in ordered if _scored(evaluations.get(c["checkpoint"]))]
+    looks = [evaluations.get(c["checkpoint"]) for c in ordered]
+    index = accepted_crossing(looks, threshold, rule)
+    if index is not None:
+        checkpoint, evaluation = ordered[index], looks[index]
+        before = [c for c, e in zip(ordered[:index], looks[:index], strict=True) if _scored(e)]
+        unevaluated = [
+            c["checkpoint"]
+            for c, e in zip(ordered[:index], looks[:index], strict=True)
+            if not _scored(e)
+        ]
+        return {
+            "reached": True,
+            "rule": rule,
+            "checkpoint": checkpoint["checkpoint"],
+            "heldout_success_rate": evaluation["success_rate"],
+            "upper_bound": bool(unevaluated),
+            "unevaluated_before": unevaluated,
+            "last_look_before": (
+                {k: before[-1].get(k) for k in ("checkpoint", *COUNTERS)} if before else None
+            ),
+            **{k: checkpoint.get(k) for k in COUNTERS},
+        }
+    unevaluated = [c["checkpoint"] for c, e in zip(ordered, looks, strict=True) if not _scored(e)]
+    scored = [c for c, e in zip(ordered, looks, strict=True) if _scored(e)]
     last = scored[-1] if scored else None
     spent = final or (ordered[-1] if ordered else {})
     return {
         "reached": False,
+        "rule": rule,
         "verdict": "never reached target",
         "final_checkpoint": last["checkpoint"] if last else None,
         "final_heldout_success_rate": (

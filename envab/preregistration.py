@@ -12,6 +12,7 @@ experiment_id (a new receipts folder).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,13 +30,73 @@ from envab.schema import TARGET_SCHEMA, ConfigError, check_schema, load_yaml
 
 RECEIPT = "preregistration.json"
 
+# Crossing rules (analysis/crossing.py applies them; which one holds is pre-registered).
+KINDS = ("lower_bound", "consecutive", "first_crossing")
+
+
+@dataclass(frozen=True)
+class CrossingRule:
+    """A pre-registered crossing rule.
+
+    kind: "lower_bound" | "consecutive" | "first_crossing" (the old rule; noise-prone, kept only
+    for comparison). confidence: the one-sided level of the Wilson lower bound (lower_bound only).
+    consecutive: how many consecutive scored checkpoints must all be at or above the threshold
+    (consecutive only). Fields that a kind does not use keep their defaults and are ignored.
+    """
+
+    kind: str
+    confidence: float = 0.95
+    consecutive: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"crossing rule {self.kind!r}: expected one of {', '.join(KINDS)}")
+        if not 0.5 < self.confidence < 1:
+            # one-sided level c is the two-sided 2c-1 interval, which needs c in (0.5, 1)
+            raise ValueError(f"confidence {self.confidence}: must lie in (0.5, 1)")
+        if (
+            isinstance(self.consecutive, bool)
+            or not isinstance(self.consecutive, int)
+            or self.consecutive < 1
+        ):
+            raise ValueError(f"consecutive {self.consecutive!r}: must be an integer >= 1")
+
+    @classmethod
+    def from_dict(cls, section: Mapping | CrossingRule) -> CrossingRule:
+        """From the target.yaml section: {"rule": "lower_bound", "confidence": 0.95},
+        {"rule": "consecutive", "checkpoints": 2} or {"rule": "first_crossing"}. A key the rule does
+        not use is refused: a pre-registration should say exactly what it means."""
+        if isinstance(section, CrossingRule):
+            return section
+        section = dict(section)
+        kind = section.pop("rule", None)
+        allowed = {"lower_bound": {"confidence"}, "consecutive": {"checkpoints"}}.get(kind, set())
+        extra = set(section) - allowed
+        if kind in KINDS and extra:
+            raise ValueError(f"crossing rule {kind!r}: unexpected keys {sorted(extra)}")
+        return cls(
+            kind=kind,
+            confidence=section.get("confidence", 0.95),
+            consecutive=section.get("checkpoints", 2),
+        )
+
+    def to_dict(self) -> dict:
+        """The inverse of from_dict, for the outcome record."""
+        if self.kind == "lower_bound":
+            return {"rule": self.kind, "confidence": self.confidence}
+        if self.kind == "consecutive":
+            return {"rule": self.kind, "checkpoints": self.consecutive}
+        return {"rule": self.kind}
+
 
 @dataclass(frozen=True)
 class Goal:
-    """What counts as reaching the target: a held-out metric at or above a threshold."""
+    """What counts as reaching the target: a held-out metric at or above a threshold, accepted
+    by the pre-registered crossing rule."""
 
     metric: str
     threshold: float
+    crossing: dict  # the target.yaml section; CrossingRule.from_dict reads it
 
 
 @dataclass(frozen=True)
@@ -74,6 +135,18 @@ class Coincidence:
 
 
 @dataclass(frozen=True)
+class Equivalence:
+    reference_start: float
+    margin_fraction: float
+    confidence: float
+    bootstrap_samples: int
+    convergence_band: float
+
+    def margin(self, threshold: float) -> float:
+        return self.margin_fraction * (threshold - self.reference_start)
+
+
+@dataclass(frozen=True)
 class Preregistration:
     """preregistration/target.yaml, validated against its schema with the schema's defaults
     filled: what every stage reads, never the raw file."""
@@ -87,6 +160,7 @@ class Preregistration:
     arms: tuple[str, ...]  # the first is the baseline of the coincidence check
     seeds: tuple[int, ...]
     coincidence: Coincidence
+    equivalence: Equivalence | None  # None: registered before the equivalence test existed
 
     @property
     def threshold(self) -> float:
@@ -100,7 +174,11 @@ class Preregistration:
         prereg = cls(
             experiment_id=data["experiment_id"],
             question=" ".join(data["question"].split()),
-            target=Goal(data["target"]["metric"], float(data["target"]["threshold"])),
+            target=Goal(
+                data["target"]["metric"],
+                float(data["target"]["threshold"]),
+                data["target"]["crossing"],
+            ),
             evaluation=EvaluationProtocol(
                 episodes_per_task=e["episodes_per_task"],
                 seeds=tuple(e["seeds"]),
@@ -118,6 +196,7 @@ class Preregistration:
             arms=tuple(data["arms"]),
             seeds=tuple(data["seeds"]),
             coincidence=Coincidence(**data["coincidence"]),
+            equivalence=Equivalence(**data["equivalence"]) if "equivalence" in data else None,
         )
         prereg._cross_check(path)
         return prereg
@@ -132,6 +211,18 @@ class Preregistration:
         missing = [a for a in self.arms if a not in self.prices.host_usd_per_hour]
         if missing:
             raise ConfigError(f"{path}: prices.host_usd_per_hour: no price for arm(s) {missing}")
+        try:
+            CrossingRule.from_dict(self.target.crossing)
+        except ValueError as e:
+            raise ConfigError(f"{path}: target.crossing: {e}") from None
+        # The schema keeps margin_fraction below 1, so the margin is narrower than the gain the
+        # target asks for, provided the target asks for a gain at all.
+        if self.equivalence and self.equivalence.reference_start >= self.threshold:
+            raise ConfigError(
+                f"{path}: equivalence.reference_start: {self.equivalence.reference_start} is not "
+                f"below the threshold {self.threshold}: the target asks for no gain, so no margin "
+                "can tell a run that learned from one that did not"
+            )
 
     def as_dict(self) -> dict:
         """A plain copy (for the report's workflow description)."""

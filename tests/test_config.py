@@ -67,6 +67,18 @@ def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
             lambda t: t["evaluation"].update(backend="restore"),
             "evaluation.backend: 'restore' is not one of the arms",
         ),
+        (  # a margin as wide as the gain cannot tell learning from not learning
+            lambda t: t.update(equivalence={"reference_start": 0.625, "margin_fraction": 1}),
+            "equivalence.margin_fraction: 1 is greater than or equal to the maximum of 1",
+        ),
+        (
+            lambda t: t.update(equivalence={"reference_start": 0.8, "margin_fraction": 0.5}),
+            "equivalence.reference_start: 0.8 is not below the threshold 0.75",
+        ),
+        (
+            lambda t: t["target"].update(crossing={"rule": "lower_bound", "checkpoints": 2}),
+            "target.crossing: crossing rule 'lower_bound': unexpected keys ['checkpoints']",
+        ),
     ],
 )
 def test_bad_preregistration_value_is_one_clear_line(workflow, edit, expected):

@@ -29,11 +29,15 @@ REPO = Path(__file__).resolve().parent.parent
 PREREG = SimpleNamespace(
     experiment_id="exp",
     question="Faster or cheaper?",
-    target=SimpleNamespace(metric="heldout_success_rate", threshold=0.5),
+    target=SimpleNamespace(
+        metric="heldout_success_rate", threshold=0.5, crossing={"rule": "first_crossing"}
+    ),
     threshold=0.5,
     arms=("restore", "drums"),
     seeds=(1, 2, 3),
+    budget=SimpleNamespace(max_wall_clock_s=1000.0, max_valid_trajectories=256),
     coincidence=SimpleNamespace(margin=0.15, bootstrap_samples=500, confidence=0.95),
+    equivalence=None,
 )
 
 
@@ -72,6 +76,8 @@ def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", task
                 {
                     "scored": True,
                     "success_rate": rate,
+                    "successes": sum(o[0] for o in outcomes.values()),
+                    "episodes": tasks,
                     "tasks": outcomes,
                     "wall_s": 1.0,
                     "cost_usd": 0.0,
@@ -133,7 +139,10 @@ def test_both_arms_one_seed_each(tmp_path):
     assert outcome["experiment_id"] == "exp" and outcome["question"] == "Faster or cheaper?"
     text = render_markdown(outcome)
     assert "| drums | 1 | reached at ckpt-003 |" in text
-    assert "**Target.** heldout_success_rate ≥ 0.5 (pre-registered)." in text
+    assert (
+        "**Target.** heldout_success_rate ≥ 0.5 (pre-registered), crossed by the rule "
+        "`first_crossing`." in text
+    )
 
 
 def test_the_first_registered_arm_is_the_baseline(tmp_path):
@@ -170,15 +179,28 @@ def test_runs_pinned_differently_are_not_compared(tmp_path):
         compute_outcome(runs, PREREG)
 
 
-def test_several_seeds_give_a_spread(tmp_path):
-    runs = [
-        load(tmp_path, arm, seed, [0.4, 0.6], speed)
-        for arm, speed in (("restore", 2.0), ("drums", 1.0))
-        for seed in (1, 2, 3)
-    ]
+def test_several_seeds_are_compared_with_a_never_reached_seed_censored(tmp_path):
+    runs = [load(tmp_path, "drums", seed, [0.4, 0.6], 1.0) for seed in (1, 2, 3)]
+    runs += [load(tmp_path, "restore", seed, [0.4, 0.6], 2.0) for seed in (1, 2)]
+    runs += [load(tmp_path, "restore", 3, [0.4, 0.45], 2.0)]  # never reaches 0.5
     outcome = compute_outcome(runs, PREREG)
-    assert outcome["arms"]["drums"]["seeds"] == 3
-    assert outcome["arms"]["drums"]["time_to_target_s"]["mean"] == 64.0
+    assert outcome["arms"]["restore"] == {
+        "seeds": 3,
+        "reached": 2,
+        "censored": 1,
+        "variance": "3 seeds",
+    }
+    check = outcome["across_seeds"][0]
+    assert (check["baseline"], check["candidate"]) == ("restore", "drums")
+    km = check["kaplan_meier"]
+    assert km["restore"]["seeds"] == 3 and km["restore"]["censored"] == 1  # kept, not dropped
+    assert km["drums"]["median"] == 64.0 and km["restore"]["median"] == 128.0
+    assert check["rmst"]["by_arm"]["drums"] < check["rmst"]["by_arm"]["restore"]
+    ratio = check["paired_log_ratio"]
+    assert ratio["pairs"] == 3 and ratio["censored_pairs"]["a_censored"] == [3]
+    text = render_markdown(outcome)
+    assert "## Across seeds (a seed that never reached the target is censored)" in text
+    assert "restore 128.0 s (1 censored)" in text
 
 
 def test_curve_figures_are_written_for_both_views(tmp_path):
@@ -315,3 +337,42 @@ def test_outcome_cli_refuses_an_unfrozen_target(tmp_path):
     outputs += ["--curves-wallclock", "w.png", "--receipt", "r.json"]
     result = outcome_cli(tmp_path, *TARGET, "--run", *run, *outputs)
     assert result.returncode == 2 and "not frozen yet" in result.stderr
+
+
+def test_pre_registered_rule_and_equivalence_reach_the_outcome(tmp_path):
+    from dataclasses import replace
+
+    from envab.preregistration import Equivalence
+
+    prereg = SimpleNamespace(**vars(PREREG))
+    prereg.target = SimpleNamespace(**vars(PREREG.target))
+    prereg.target.crossing = {"rule": "lower_bound", "confidence": 0.95}
+    prereg.equivalence = Equivalence(0.2, 0.5, 0.95, 500, 1.5)  # margin 0.5 x (0.5 - 0.2)
+    # 0.55 of 40 clears 0.5 as a sampled rate but not by its lower bound; 0.9 does.
+    runs = [
+        load(tmp_path, "restore", 1, [0.55, 0.9], 2.0),
+        load(tmp_path, "drums", 1, [0.55, 0.9], 1.0),
+    ]
+    outcome = compute_outcome(runs, prereg)
+    rows = {r["arm"]: r for r in outcome["runs"]}
+    assert rows["drums"]["checkpoint"] == "ckpt-002"  # first_crossing would say ckpt-001
+    assert rows["drums"]["last_look_before"]["checkpoint"] == "ckpt-001"
+    check = outcome["equivalence"][0]
+    assert check["curves"]["verdict"] == "equivalent"  # the same outcomes on both arms
+    assert check["curves"]["margin"] == replace(prereg.equivalence).margin(0.5)
+    assert check["convergence_ratio"] == [
+        {
+            "seed": 1,
+            "verdict": "within band",
+            "ratio": 1.0,
+            "band": 1.5,
+            "bounds": [1 / 1.5, 1.5],
+            "candidate_valid_to_target": 64,
+            "baseline_valid_to_target": 64,
+            "not_reached": [],
+        }
+    ]
+    text = render_markdown(outcome)
+    assert "crossed by the rule `lower_bound, confidence 0.95`" in text
+    assert "## Learning curves: equivalent within the margin?" in text
+    assert "**drums vs restore: equivalent.**" in text

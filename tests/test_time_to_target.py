@@ -50,6 +50,7 @@ def test_never_reached_reports_final_rate_and_budget():
     out = run([0.1, 0.2, 0.3, 0.4])
     assert out == {
         "reached": False,
+        "rule": {"rule": "first_crossing"},
         "verdict": "never reached target",
         "final_checkpoint": "ckpt-000128",
         "final_heldout_success_rate": 0.4,
