@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     line = (
         f"{summary['demonstrations']} demonstrations, {summary['steps']} steps, "
-        f"final loss {summary['loss']:.4f}"
+        f"mean training loss {summary['loss']:.4f}"
     )
     print(f"sft: {line}")
     console.say(f"done: {line}")
