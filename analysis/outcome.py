@@ -68,15 +68,46 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
     valid = run.final.get("valid_trajectories") or 0
     env_cost = run.final.get("env_cost_usd") or 0.0
     scored = [e for e in run.evaluations.values() if e.get("scored")]
+    at = result["checkpoint"] if result["reached"] else result["final_checkpoint"]
     return {
         "arm": run.arm,
         "seed": run.seed,
         **result,
+        "heldout_classes": _classes(run.evaluations.get(at)),
+        "load": _measured_load(run.final.get("load"), prereg.prices.host(run.arm)),
         "stop_reason": run.final.get("stop_reason"),
         "cost_per_valid_rollout_usd": env_cost / valid if valid else None,
         "evaluation_wall_s": sum(e.get("wall_s", 0.0) for e in run.evaluations.values()),
         "evaluation_cost_usd": sum(e.get("cost_usd", 0.0) for e in run.evaluations.values()),
         "unscored_evaluations": len(run.evaluations) - len(scored),
+    }
+
+
+def _classes(evaluation: dict | None) -> dict | None:
+    """The three outcome classes of held-out episodes at the target (or the last scored
+    checkpoint): succeeded, failed but valid, invalid (retried, never scored)."""
+    if not evaluation or evaluation.get("successes") is None:
+        return None
+    successes, episodes = evaluation["successes"], evaluation["episodes"]
+    return {
+        "success": successes,
+        "failed_valid": episodes - successes,
+        "invalid": evaluation.get("invalid", 0),
+    }
+
+
+def _measured_load(load: dict | None, host_usd_per_hour: float) -> dict | None:
+    """What training used, measured (envab/machine_load.py), and its cost at the host's nominal
+    price per core-hour, beside the nominal cost of holding the whole host."""
+    if not load:
+        return None
+    cores = load.get("cores") or 1
+    return {
+        "cpu_hours": load["cpu_hours"],
+        "cpu_cost_usd": load["cpu_hours"] * host_usd_per_hour / cores,
+        "machine_busy_fraction": load.get("machine_busy_fraction"),
+        "steal_fraction": load.get("steal_fraction"),
+        "loadavg_1_5_15": load.get("loadavg_1_5_15"),
     }
 
 
@@ -321,6 +352,25 @@ def render_markdown(outcome: dict) -> str:
         )
     for check in outcome["across_seeds"]:
         lines += _across_seeds_lines(check)
+    lines += [
+        "",
+        "## What the machine was doing (measured) and the held-out classes at the target",
+        "",
+        "| arm | seed | CPU-hours | at core price | machine busy | steal | load avg (1, 5, 15 min) "
+        "| succeeded / failed valid / invalid |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in outcome["runs"]:
+        load, classes = r["load"] or {}, r["heldout_classes"]
+        busy, steal = load.get("machine_busy_fraction"), load.get("steal_fraction")
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {_fmt(load.get('cpu_hours'), digits=4)} "
+            f"| {_fmt(load.get('cpu_cost_usd'), ' $', 5)} "
+            f"| {_fmt(None if busy is None else 100 * busy, ' %')} "
+            f"| {_fmt(None if steal is None else 100 * steal, ' %')} "
+            f"| {', '.join(f'{x:.2f}' for x in load.get('loadavg_1_5_15') or []) or '–'} "
+            f"| {' / '.join(str(v) for v in classes.values()) if classes else '–'} |"
+        )
     lines += ["", "## Cost per valid rollout (environment)", ""]
     for r in outcome["runs"]:
         lines.append(

@@ -36,6 +36,7 @@ PREREG = SimpleNamespace(
     arms=("restore", "drums"),
     seeds=(1, 2, 3),
     budget=SimpleNamespace(max_wall_clock_s=1000.0, max_valid_trajectories=256),
+    prices=SimpleNamespace(host=lambda arm: 0.1),
     coincidence=SimpleNamespace(margin=0.15, bootstrap_samples=500, confidence=0.95),
     equivalence=None,
 )
@@ -86,7 +87,9 @@ def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", task
         )
         evaluations.append(evaluation)
     write_jsonl(run / "checkpoints.jsonl", checkpoints)
-    final = {**checkpoints[-1], "stop_reason": "max_valid_trajectories"}
+    load = {"cpu_hours": 0.5, "cores": 2, "machine_busy_fraction": 0.75, "steal_fraction": 0.0}
+    load["loadavg_1_5_15"] = [1.5, 1.0, 0.5]
+    final = {**checkpoints[-1], "stop_reason": "max_valid_trajectories", "load": load}
     (run / "run.json").write_text(json.dumps(final))
     return {
         "pins": run / "pins.json",
@@ -376,3 +379,19 @@ def test_pre_registered_rule_and_equivalence_reach_the_outcome(tmp_path):
     assert "crossed by the rule `lower_bound, confidence 0.95`" in text
     assert "## Learning curves: equivalent within the margin?" in text
     assert "**drums vs restore: equivalent.**" in text
+
+
+def test_the_outcome_shows_measured_load_and_the_held_out_classes(tmp_path):
+    runs = [
+        load(tmp_path, "restore", 1, [0.25, 0.5], 2.0),
+        load(tmp_path, "drums", 1, [0.25, 0.5], 1.0),
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    drums = next(r for r in outcome["runs"] if r["arm"] == "drums")
+    assert drums["heldout_classes"] == {"success": 20, "failed_valid": 20, "invalid": 0}
+    assert drums["load"]["cpu_cost_usd"] == 0.5 * 0.1 / 2  # CPU-hours at the price per core
+    text = render_markdown(outcome)
+    assert (
+        "| drums | 1 | 0.5000 | 0.02500 $ | 75.0 % | 0.0 % | 1.50, 1.00, 0.50 | 20 / 20 / 0 |"
+        in text
+    )
