@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from envab import preregistration
+from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import convergence_ratio, curve_equivalence
 from envab.analysis.figures import plot_curves
 from envab.analysis.runs import RunRecords
@@ -111,6 +112,21 @@ def _measured_load(load: dict | None, host_usd_per_hour: float) -> dict | None:
     }
 
 
+def _divergence(by_arm, baseline: str, candidate: str) -> dict:
+    """Per seed both arms ran, the first training step whose digests differ (or never)."""
+    steps = {arm: {r.seed: r.steps for r in by_arm[arm]} for arm in (baseline, candidate)}
+    seeds = sorted(set(steps[baseline]) & set(steps[candidate]))
+    per_seed = []
+    for seed in seeds:
+        a, b = steps[baseline][seed], steps[candidate][seed]
+        if a is None or b is None:
+            result = {"verdict": "not compared", "reason": "no step digests (steps.jsonl)"}
+        else:
+            result = first_divergence(a, b)
+        per_seed.append({"seed": seed, **result})
+    return {"seeds": per_seed}
+
+
 def _arm_summary(rows: list[dict]) -> dict:
     """How many seeds reached the target; the times themselves are compared across seeds with
     censoring (`across_seeds`), never averaged over the seeds that happened to reach it."""
@@ -196,6 +212,9 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
         checks.append({"candidate": candidate, "baseline": baseline, **result})
     pairs = [(baseline, candidate) for candidate in arms[1:]]
     return {
+        "divergence": [
+            {"candidate": c, "baseline": b, **_divergence(by_arm, b, c)} for b, c in pairs
+        ],
         "experiment_id": prereg.experiment_id,
         "question": prereg.question,
         "target": {"metric": prereg.target.metric, "threshold": prereg.target.threshold},
@@ -236,6 +255,23 @@ _VERDICT_TEXT = {
     "any speed result)",
     "inconclusive": "inconclusive: too few held-out episodes to tell at this margin",
 }
+
+
+def _divergence_line(check: dict) -> str:
+    parts = []
+    for s in check["seeds"]:
+        if s["verdict"] == "never":
+            parts.append(
+                f"seed {s['seed']}: never diverged over {s['steps_compared']} steps (identical "
+                "prompts, images, completions, rewards and advantages)"
+            )
+        elif s["verdict"] == "diverged":
+            parts.append(
+                f"seed {s['seed']}: diverged at step {s['step']} ({', '.join(s['fields'])})"
+            )
+        else:
+            parts.append(f"seed {s['seed']}: not compared ({s['reason']})")
+    return f"- **{check['candidate']} vs {check['baseline']}**: " + ("; ".join(parts) or "–")
 
 
 def _rule_text(rule: dict) -> str:
@@ -302,7 +338,11 @@ def render_markdown(outcome: dict) -> str:
         f"**Target.** {t['metric']} ≥ {t['threshold']} (pre-registered), crossed by the rule "
         f"`{_rule_text(outcome['crossing_rule'])}`.",
         "",
+        "## Did the arms see the same training data? (exact divergence)",
+        "",
     ]
+    lines += [_divergence_line(check) for check in outcome["divergence"]] or ["- one arm: –"]
+    lines.append("")
     if outcome["equivalence"] is not None:
         lines += ["## Learning curves: equivalent within the margin?", ""]
         lines += [_equivalence_line(check) for check in outcome["equivalence"]]
@@ -400,7 +440,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         required=True,
         metavar="FILE",
         help="one run, once per run: its pins.json, checkpoints.jsonl and run.json, then its "
-        "eval/<checkpoint>.json files",
+        "steps.jsonl (known by its name; optional) and eval/<checkpoint>.json files",
     )
     parser.add_argument("--outcome-json", type=Path, required=True)
     parser.add_argument("--outcome-md", type=Path, required=True)
@@ -414,14 +454,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def load_run(files: list[str]) -> RunRecords:
+    """One --run group: three files in order, then the steps file by its name and evaluations."""
+    pins, checkpoints, run, *rest = files
+    steps = [f for f in rest if Path(f).name == "steps.jsonl"]
+    evaluations = [f for f in rest if Path(f).name != "steps.jsonl"]
+    return RunRecords.load(pins, checkpoints, run, evaluations, steps[0] if steps else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         prereg, receipts = preregistration.frozen_inputs(args)
-        runs = [
-            RunRecords.load(pins, checkpoints, run, evaluations)
-            for pins, checkpoints, run, *evaluations in args.runs
-        ]
+        runs = [load_run(files) for files in args.runs]
         outcome = compute_outcome(runs, prereg)
     # ConfigError (an unfrozen or edited target) and NotComparable are ValueErrors.
     except (FileNotFoundError, ValueError) as e:
@@ -441,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
         + [subject(p, d) for p, d in sorted(outcome["inputs"].items())],
         predicate={
             "experiment_id": outcome["experiment_id"],
+            "divergence": {
+                f"{c['candidate']}/seed{s['seed']}": s["verdict"]
+                for c in outcome["divergence"]
+                for s in c["seeds"]
+            },
             "coincidence": [c["verdict"] for c in outcome["coincidence"]],
             "reached": {f"{r['arm']}/seed{r['seed']}": r["reached"] for r in outcome["runs"]},
         },

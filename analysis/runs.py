@@ -26,6 +26,7 @@ class RunRecords:
     evaluations: dict[str, dict]  # checkpoint name -> held-out result
     final: dict  # run.json
     inputs: dict[str, str]  # path -> sha256 of every file read
+    steps: list[dict] | None = None  # steps.jsonl: a digest per training step, when given
 
     @classmethod
     def load(
@@ -34,8 +35,10 @@ class RunRecords:
         checkpoints: str | Path,
         run: str | Path,
         evaluations: Iterable[str | Path],
+        steps: str | Path | None = None,
     ) -> RunRecords:
-        """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint."""
+        """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint.
+        `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check."""
         # Sorted so the per-run sums over evaluations add up in the same order however the
         # files are given.
         evaluation_files = sorted(Path(e) for e in evaluations)
@@ -44,6 +47,7 @@ class RunRecords:
         if repeated:
             raise ValueError(f"more than one evaluation file for checkpoint(s) {repeated}")
         files = [Path(pins), Path(checkpoints), Path(run), *evaluation_files]
+        files += [Path(steps)] if steps else []
         pinned = json.loads(files[0].read_text())
         return cls(
             arm=pinned["arm"],
@@ -53,4 +57,5 @@ class RunRecords:
             evaluations={e.stem: json.loads(e.read_text()) for e in evaluation_files},
             final=json.loads(files[2].read_text()),
             inputs={f.as_posix(): sha256_file(f) for f in files},
+            steps=list(read_jsonl(steps)) if steps else None,
         )

@@ -139,12 +139,14 @@ def eval_records(arm, seed):
 
 def run_records(arm, seed):
     """One run's files in the order `--run` takes them: its pins, its checkpoint records, its
-    final counters, then the held-out evaluation of each checkpoint (known once `train` ran)."""
+    final counters, its step digests, then the held-out evaluation of each checkpoint (known once
+    `train` ran)."""
     run = run_dir(arm, seed)
     return [
         f"{run}/pins.json",
         f"{run}/checkpoints.jsonl",
         f"{run}/run.json",
+        f"{run}/steps.jsonl",
         *eval_records(arm, seed),
     ]
 

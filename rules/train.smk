@@ -40,6 +40,7 @@ checkpoint train:
     output:
         run=run_file("run.json"),
         trajectories=run_file("trajectories.jsonl"),
+        steps=run_file("steps.jsonl"),
         records=run_file("checkpoints.jsonl"),
         checkpoints=directory(run_file("checkpoints")),
     params:
@@ -61,5 +62,6 @@ checkpoint train:
         "python -m envab.trainer.grpo --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --model {input.model} --train {input.train}"
         " --trajectories {output.trajectories} --checkpoint-records {output.records}"
-        " --checkpoints {output.checkpoints} --run {output.run} --host-log {log.host}"
+        " --checkpoints {output.checkpoints} --run {output.run} --steps {output.steps}"
+        " --host-log {log.host}"
         " --wandb-dir {params.wandb} --log {log.main}"

@@ -124,6 +124,9 @@ def test_outcome_has_both_arms_and_a_verdict(answered):
         spent = row if row["reached"] else row["budget_spent"]
         assert spent["valid_trajectories"] >= 4
     assert outcome["coincidence"][0]["candidate"] == "drums"
+    # Both arms are the embedded host (restore per rollout against fork): the same data.
+    divergence = outcome["divergence"][0]["seeds"][0]
+    assert divergence["verdict"] == "never" and divergence["steps_compared"] >= 1, divergence
     assert outcome["coincidence"][0]["verdict"] in ("coincide", "differ", "inconclusive")
     text = (answered.root / RESULTS / "outcome.md").read_text()
     assert text.index("## Learning curves") < text.index("## Time to target")

@@ -42,7 +42,9 @@ PREREG = SimpleNamespace(
 )
 
 
-def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", tasks=40) -> dict:
+def write_run(
+    root, arm, seed, rates, seconds_per_valid, comparable="same", tasks=40, steps=None
+) -> dict:
     """One run's files, with one checkpoint per 32 valid trajectories and its held-out rates;
     returns them as RunRecords.load takes them."""
     run = Path(root) / arm / f"seed{seed}"
@@ -91,12 +93,16 @@ def write_run(root, arm, seed, rates, seconds_per_valid, comparable="same", task
     load["loadavg_1_5_15"] = [1.5, 1.0, 0.5]
     final = {**checkpoints[-1], "stop_reason": "max_valid_trajectories", "load": load}
     (run / "run.json").write_text(json.dumps(final))
-    return {
+    files = {
         "pins": run / "pins.json",
         "checkpoints": run / "checkpoints.jsonl",
         "run": run / "run.json",
         "evaluations": evaluations,
     }
+    if steps is not None:
+        write_jsonl(run / "steps.jsonl", steps)
+        files["steps"] = run / "steps.jsonl"
+    return files
 
 
 def load(*args, **kwargs) -> RunRecords:
@@ -395,3 +401,29 @@ def test_the_outcome_shows_measured_load_and_the_held_out_classes(tmp_path):
         "| drums | 1 | 0.5000 | 0.02500 $ | 75.0 % | 0.0 % | 1.50, 1.00, 0.50 | 20 / 20 / 0 |"
         in text
     )
+
+
+def test_exact_divergence_leads_the_outcome(tmp_path):
+    same = [{"step": k, "completion_ids": f"c{k}", "rewards": f"r{k}"} for k in (1, 2, 3)]
+    flipped = [dict(line) for line in same]
+    flipped[1]["rewards"] = "other"
+    runs = [
+        load(tmp_path / "a", "restore", 1, [0.25, 0.5], 2.0, steps=same),
+        load(tmp_path / "a", "drums", 1, [0.25, 0.5], 1.0, steps=same),
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    assert outcome["divergence"][0]["seeds"] == [
+        {
+            "seed": 1,
+            "verdict": "never",
+            "steps_compared": 3,
+            "steps_only_in": {"baseline": 0, "candidate": 0},
+        }
+    ]
+    text = render_markdown(outcome)
+    assert "seed 1: never diverged over 3 steps" in text
+    assert text.index("exact divergence") < text.index("## Learning curves")
+    runs[1] = load(tmp_path / "b", "drums", 1, [0.25, 0.5], 1.0, steps=flipped)
+    outcome = compute_outcome(runs, PREREG)
+    assert "seed 1: diverged at step 2 (rewards)" in render_markdown(outcome)
+    assert any(p.endswith("steps.jsonl") for p in outcome["inputs"])  # hashed into the receipt

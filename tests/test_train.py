@@ -219,6 +219,8 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
             str(out / "run.json"),
             "--wandb-dir",
             str(out / "wandb"),
+            "--steps",
+            str(out / "steps.jsonl"),
         ],
         cwd=root,
         capture_output=True,
@@ -236,3 +238,9 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
     m2 = first_step_metrics(result.stderr + result.stdout)
     for key in ("completions/mean_length", "num_tokens", "entropy"):
         assert m1[key] == m2[key], key
+    # The step digests agree too: the same tokens, images, rewards and advantages at step 1.
+    digests = [
+        json.loads(path.read_text().splitlines()[0])
+        for path in (root / RESULTS / "restore" / "seed1" / "steps.jsonl", out / "steps.jsonl")
+    ]
+    assert digests[0]["step"] == 1 and digests[0] == digests[1]

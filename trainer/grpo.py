@@ -45,7 +45,7 @@ from datasets import Dataset
 from peft import LoraConfig
 from tqdm import tqdm
 from transformers import TrainerCallback, set_seed
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
@@ -70,6 +70,7 @@ from envab.trainer.guards import (
     heldout_ids,
 )
 from envab.trainer.model import ModelPinError, load_checked
+from envab.trainer.step_digests import DigestingGRPOTrainer
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class Outputs:
     checkpoint_records: Path
     checkpoints: Path  # one folder per saved checkpoint
     run: Path
+    steps: Path  # a digest per generation batch (trainer/step_digests.py)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ def check_inputs(args, outputs: Outputs) -> RunInputs:
     guard.check_dataset(tasks)
     faults, fault_plan_sha256 = read_fault_plan()
     if any(
-        p.is_file() and p.stat().st_size for p in (outputs.trajectories, outputs.checkpoint_records)
+        p.is_file() and p.stat().st_size
+        for p in (outputs.trajectories, outputs.checkpoint_records, outputs.steps)
     ) or (outputs.checkpoints.is_dir() and any(outputs.checkpoints.iterdir())):
         raise GuardError(
             f"{outputs.run.parent} already holds training records; records are append-only, "
@@ -359,7 +362,7 @@ def build_trainer(
     scratch: Path,
     console: Console,
     tracker,
-) -> tuple[GRPOTrainer, Accounting]:
+) -> tuple[DigestingGRPOTrainer, Accounting]:
     """TRL's GRPOTrainer on the arm's fork groups, and its Accounting callback."""
     settings = inputs.settings
     run = Run(
@@ -381,7 +384,7 @@ def build_trainer(
         console,
         tracker,
     )
-    trainer = GRPOTrainer(
+    trainer = DigestingGRPOTrainer(
         model=prepared.model,
         processing_class=prepared.processor,
         args=grpo_config(settings, inputs.seed, scratch, args, prepared.processor.tokenizer),
@@ -389,6 +392,7 @@ def build_trainer(
         environment_factory=environment_factory(run),
         callbacks=[callback],
         peft_config=lora_config(args.lora_r) if args.lora_r else None,
+        steps_path=outputs.steps,
     )
     return trainer, callback
 
@@ -447,6 +451,7 @@ def train(args, console: Console) -> dict:
         Path(args.checkpoint_records),
         Path(args.checkpoints),
         Path(args.run),
+        Path(args.steps),
     )
     inputs = check_inputs(args, outputs)
     ledger = open_ledger(inputs, outputs)
@@ -536,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-records", required=True, help="writes: checkpoints.jsonl")
     parser.add_argument("--checkpoints", required=True, help="writes: one folder per checkpoint")
     parser.add_argument("--run", required=True, help="writes: run.json, the final record")
+    parser.add_argument("--steps", required=True, help="writes: steps.jsonl, a digest per step")
     parser.add_argument("--host-log", help="where an embedded host writes its log")
     parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
     parser.add_argument("--log", help="the job's log; the console then gets a line per checkpoint")
