@@ -20,8 +20,8 @@ from envab.schema import CONFIG_SCHEMA, ConfigError, check_schema
 
 def command_line_targets():
     """The targets typed on Snakemake's command line, read with Snakemake's own parser (the
-    workflow learns its targets only after this file is parsed). None where Snakemake was not
-    started from its command line (a test through the Python API)."""
+    workflow learns its targets only after this file is parsed); none where Snakemake was not
+    started from its command line (the Python API): there the selection comes through config."""
     program = Path(sys.argv[0])
     if "snakemake" not in (program.name, program.parent.name):
         return []
@@ -36,7 +36,8 @@ def command_line_targets():
 def pass_selection_to_jobs(words):
     """A job that a cluster executor spawns re-parses this file with its own targets: the
     selection reaches it as --config, which Snakemake hands to every job it spawns."""
-    kept = [a for a in workflow.config_settings.config_args or [] if a.partition("=")[0] not in words]
+    given = workflow.config_settings.config_args or []
+    kept = [a for a in given if a.partition("=")[0] not in words]
     workflow.config_settings.config_args = kept + [f"{k}={v!r}" for k, v in words.items()]
 
 

@@ -4,7 +4,9 @@
         --receipts receipts/<exp>/*.json \
         --pins results/<exp>/<arm>/seed<k>/pins.json --model results/<exp>/sft/model \
         --train results/<exp>/tasks/train.jsonl --trajectories .../trajectories.jsonl \
-        --checkpoint-records .../checkpoints.jsonl --checkpoints .../checkpoints --run .../run.json
+        --checkpoint-records .../checkpoints.jsonl --checkpoints .../checkpoints \
+        --run .../run.json --steps .../steps.jsonl --wandb-dir results/<exp>/wandb \
+        [--log logs/<exp>/train_<arm>_seed<k>.log]
 
 Reads top to bottom in the order a run happens, one short function a step:
 
@@ -12,13 +14,15 @@ Reads top to bottom in the order a run happens, one short function a step:
    is the code running, the run's pins match the receipts, no held-out id is in the training data;
 2. `open_ledger`: the record files, empty, and the counters (trainer/accounting.py);
 3. `build_trainer`: seeding, the dataset (one row per training task with its first screenshot
-   pre-rendered), the checked model, the arm's fork-group layer and TRL's GRPOTrainer with the
-   environment (trainer/environment.py) and the `Accounting` callback, which saves the starting
-   model as checkpoint valid-000000, starts the clock at the first step, saves a checkpoint every
-   N valid trajectories and stops at the budget;
+   pre-rendered), the checked model, the arm's fork-group layer and TRL's GRPOTrainer (with a
+   digest line per generation batch, trainer/step_digests.py) with the environment
+   (trainer/environment.py) and the `Accounting` callback, which saves the starting model as
+   checkpoint valid-000000, starts the clock at the first step, saves a checkpoint every N valid
+   trajectories, stops at the budget, puts a line per checkpoint on the console and every step
+   on the run's wandb run;
 4. `run`: trainer.train() with the arm open;
 5. `write_record`: run.json, the final counters, the stop reason, when the run started and when
-   it was frozen.
+   it was frozen, and the load the machine was under (envab/machine_load.py).
 
 Settings come from the run's pins (`training`, frozen with the run), the checkpoint interval and
 the budget from the frozen pre-registration. The GPU path (`--device cuda`: vLLM in server mode,
