@@ -1,5 +1,7 @@
 """The whole embedded default A/B on a tiny budget, through Snakemake: freeze, SFT, GRPO on both
-arms, held-out evaluation of every checkpoint, the outcome, the report, and receipts that verify."""
+arms, held-out evaluation of every checkpoint, the outcome, the report, and receipts that verify.
+First one arm and seed as the design card types it (`snakemake arm=drums seed=1`) on a cluster
+executor, then the rest; the console's progress lines and the wandb runs are read back."""
 
 from __future__ import annotations
 
