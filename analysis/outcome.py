@@ -261,9 +261,10 @@ def _divergence_line(check: dict) -> str:
     parts = []
     for s in check["seeds"]:
         if s["verdict"] == "never":
+            n = s["steps_compared"]
             parts.append(
-                f"seed {s['seed']}: never diverged over {s['steps_compared']} steps (identical "
-                "prompts, images, completions, rewards and advantages)"
+                f"seed {s['seed']}: never diverged over {n} step{'s' if n != 1 else ''} "
+                "(identical prompts, images, completions, rewards and advantages)"
             )
         elif s["verdict"] == "diverged":
             parts.append(
