@@ -360,6 +360,8 @@ def render_markdown(outcome: dict) -> str:
             else f" ({check.get('reason', '')})"
         )
         lines.append(f"- **{check['candidate']} vs {check['baseline']}: {verdict}.**{detail}")
+    if not outcome["coincidence"]:
+        lines.append("- one arm: –")
     lines += [
         "",
         "## Time to target",
