@@ -51,12 +51,9 @@ def time_to_target(
     index = accepted_crossing(looks, threshold, rule)
     if index is not None:
         checkpoint, evaluation = ordered[index], looks[index]
-        before = [c for c, e in zip(ordered[:index], looks[:index], strict=True) if _scored(e)]
-        unevaluated = [
-            c["checkpoint"]
-            for c, e in zip(ordered[:index], looks[:index], strict=True)
-            if not _scored(e)
-        ]
+        prior = list(zip(ordered[:index], looks[:index], strict=True))
+        before = [c for c, e in prior if _scored(e)]
+        unevaluated = [c["checkpoint"] for c, e in prior if not _scored(e)]
         return {
             "reached": True,
             "rule": rule,

@@ -37,7 +37,7 @@ from trl.chat_template_utils import add_response_schema, parse_response
 
 from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
-from envab.hashing import file_manifest, sha256_bytes
+from envab.hashing import sha256_bytes
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
 from envab.progress import Console, duration, eta, job_console
@@ -75,9 +75,15 @@ class Policy:
     """The checkpoint, asked for one tool call at a time in the trainer's prompt format."""
 
     def __init__(
-        self, checkpoint: str | Path, tools: agent.ToolSet, temperature: float, max_new_tokens: int
+        self,
+        checkpoint: str | Path,
+        tools: agent.ToolSet,
+        temperature: float,
+        max_new_tokens: int,
+        expected: dict[str, str] | None = None,
     ):
-        self.model, self.processor = load(checkpoint)
+        # `expected`: the files training recorded for the checkpoint; any other refuses the load.
+        self.model, self.processor = load(checkpoint, expected)
         self.model.eval()
         self.tokenizer = add_response_schema(self.processor.tokenizer)
         self.tools = tools
@@ -236,18 +242,17 @@ def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
     tasks = list(read_jsonl(args.heldout))
     if {t["id"] for t in tasks} != heldout_ids(receipts):
         raise GuardError(f"{args.heldout} is not the frozen held-out set")
-    check_checkpoint(args.checkpoint, args.checkpoint_records)
     return prereg, tasks, json.loads(Path(args.pins).read_text())
 
 
-def check_checkpoint(checkpoint: str, records: str) -> None:
-    """The model evaluated is the one training saved: its files match the checkpoint's record."""
+def recorded_files(checkpoint: str, records: str) -> dict[str, str]:
+    """The files training recorded for this checkpoint: the model evaluated must be exactly
+    those (the load checks them, trainer/model.py: check_manifest)."""
     name = Path(checkpoint).name
     saved = {r["checkpoint"]: r["files"] for r in read_jsonl(records)}
     if name not in saved:
         raise GuardError(f"{name} is not a checkpoint recorded in {records}")
-    if file_manifest(checkpoint) != saved[name]:
-        raise GuardError(f"{checkpoint} differs from the files training recorded for it")
+    return saved[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,7 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
         started = time.perf_counter()
         snapshot = machine_load.Snapshot.now()
-        policy = Policy(args.checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
+        policy = Policy(
+            args.checkpoint,
+            tools,
+            protocol.temperature,
+            protocol.max_new_tokens,
+            expected=recorded_files(args.checkpoint, args.checkpoint_records),
+        )
         episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
         console.say(f"{episodes} held-out episodes on {prereg.evaluation.backend}")
         progress = EpisodeProgress(console, episodes)

@@ -141,19 +141,23 @@ def test_every_call_of_a_reply_is_played_up_to_max_steps(task_and_click):
 
 
 def test_the_evaluated_checkpoint_must_be_the_one_training_recorded(tmp_path):
-    from envab.eval.heldout import check_checkpoint
+    from envab.eval.heldout import recorded_files
     from envab.hashing import file_manifest
     from envab.io import append_jsonl
     from envab.trainer.guards import GuardError
+    from envab.trainer.model import ModelPinError, check_manifest
 
     checkpoint = tmp_path / "checkpoints" / "valid-000016"
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.safetensors").write_bytes(b"weights")
     records = tmp_path / "checkpoints.jsonl"
     append_jsonl(records, {"checkpoint": "valid-000016", "files": file_manifest(checkpoint)})
-    check_checkpoint(str(checkpoint), str(records))
+    expected = recorded_files(str(checkpoint), str(records))
+    check_manifest(checkpoint, expected)  # what Policy's load runs first
     (checkpoint / "model.safetensors").write_bytes(b"other weights")
-    with pytest.raises(GuardError, match="differs from the files training recorded"):
-        check_checkpoint(str(checkpoint), str(records))
+    with pytest.raises(
+        ModelPinError, match=r"does not match its manifest \(mismatched: model\.safetensors\)"
+    ):
+        check_manifest(checkpoint, expected)
     with pytest.raises(GuardError, match="not a checkpoint recorded"):
-        check_checkpoint(str(tmp_path / "checkpoints" / "valid-000032"), str(records))
+        recorded_files(str(tmp_path / "checkpoints" / "valid-000032"), str(records))
