@@ -18,6 +18,7 @@ include: "rules/guest.smk"
 include: "rules/train.smk"
 include: "rules/eval.smk"
 include: "rules/analysis.smk"
+include: "rules/controls.smk"
 
 
 rule all:

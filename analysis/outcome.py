@@ -457,12 +457,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+BY_NAME = ("steps.jsonl", "trajectories.jsonl")
+
+
 def load_run(files: list[str]) -> RunRecords:
-    """One --run group: three files in order, then the steps file by its name and evaluations."""
+    """One --run group: three files in order, then steps.jsonl and trajectories.jsonl known by
+    their names (both optional), and the evaluations."""
     pins, checkpoints, run, *rest = files
-    steps = [f for f in rest if Path(f).name == "steps.jsonl"]
-    evaluations = [f for f in rest if Path(f).name != "steps.jsonl"]
-    return RunRecords.load(pins, checkpoints, run, evaluations, steps[0] if steps else None)
+    named = {Path(f).name: f for f in rest if Path(f).name in BY_NAME}
+    evaluations = [f for f in rest if Path(f).name not in BY_NAME]
+    return RunRecords.load(
+        pins,
+        checkpoints,
+        run,
+        evaluations,
+        named.get("steps.jsonl"),
+        named.get("trajectories.jsonl"),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

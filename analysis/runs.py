@@ -27,6 +27,7 @@ class RunRecords:
     final: dict  # run.json
     inputs: dict[str, str]  # path -> sha256 of every file read
     steps: list[dict] | None = None  # steps.jsonl: a digest per training step, when given
+    trajectories: list[dict] | None = None  # trajectories.jsonl: one line per attempt, when given
 
     @classmethod
     def load(
@@ -36,9 +37,11 @@ class RunRecords:
         run: str | Path,
         evaluations: Iterable[str | Path],
         steps: str | Path | None = None,
+        trajectories: str | Path | None = None,
     ) -> RunRecords:
         """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint.
-        `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check."""
+        `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check;
+        `trajectories`: its trajectories.jsonl (the controls count environment set-ups in it)."""
         # Sorted so the per-run sums over evaluations add up in the same order however the
         # files are given.
         evaluation_files = sorted(Path(e) for e in evaluations)
@@ -48,6 +51,7 @@ class RunRecords:
             raise ValueError(f"more than one evaluation file for checkpoint(s) {repeated}")
         files = [Path(pins), Path(checkpoints), Path(run), *evaluation_files]
         files += [Path(steps)] if steps else []
+        files += [Path(trajectories)] if trajectories else []
         pinned = json.loads(files[0].read_text())
         return cls(
             arm=pinned["arm"],
@@ -58,4 +62,5 @@ class RunRecords:
             final=json.loads(files[2].read_text()),
             inputs={f.as_posix(): sha256_file(f) for f in files},
             steps=list(read_jsonl(steps)) if steps else None,
+            trajectories=list(read_jsonl(trajectories)) if trajectories else None,
         )

@@ -129,6 +129,13 @@ p.add_argument(
     default=1.0,
     help="evaluation temperature (0: greedy; 1.0: the policy as GRPO samples it)",
 )
+p.add_argument(
+    "--split-unit",
+    choices=("task", "class"),
+    default="task",
+    help="hold out single tasks, or whole (label, theme) classes (envab/split.py)",
+)
+p.add_argument("--factory-seed", type=int, default=1, help="the task factory's seed")
 p.add_argument("--eval-seeds", type=int, default=2, help="evaluation seeds (episodes per task)")
 p.add_argument("--eval-steps", type=int, default=1, help="evaluation max_steps (actions)")
 args = p.parse_args()
@@ -150,10 +157,14 @@ out.mkdir(parents=True, exist_ok=True)
 from envab.envs.tasks.build import build  # noqa: E402
 
 tasks, solutions = build(
-    1, args.per_family, families=["click_button"], layout="templated", templates=args.templates
+    args.factory_seed,
+    args.per_family,
+    families=["click_button"],
+    layout="templated",
+    templates=args.templates,
 )
 sols = {s["id"]: s for s in solutions}
-split = split_tasks(tasks, 0, 0.25)
+split = split_tasks(tasks, 0, 0.25, args.split_unit)
 train, held = split.train, split.heldout
 print("train", len(train), "held", len(held), flush=True)
 results = {"args": vars(args)}

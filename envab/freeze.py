@@ -2,8 +2,8 @@
 
     python -m envab.freeze target preregistration/target.yaml --receipt R/preregistration.json
     python -m envab.freeze split --target T --receipts R/preregistration.json --tasks tasks.jsonl \
-        --seed 0 --heldout-fraction 0.25 --train train.jsonl --heldout heldout.jsonl \
-        --receipt R/split.json
+        --seed 0 --heldout-fraction 0.25 [--unit class] --train train.jsonl \
+        --heldout heldout.jsonl --receipt R/split.json
     python -m envab.freeze code --target T --receipts R/preregistration.json \
         --groups '{"trainer": ["trainer/**/*.py"]}' --receipt R/code.json
     python -m envab.freeze pins --target T --receipts R/*.json --arm drums --seed 1 \
@@ -26,7 +26,7 @@ from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
 from envab.receipts import repo_commit, subject, write_receipt
 from envab.schema import ConfigError
-from envab.split import RULE, SplitError, split_tasks, task_digest
+from envab.split import SplitError, functional_class, rule_text, split_tasks, task_digest
 
 
 def cmd_target(args) -> None:
@@ -36,7 +36,7 @@ def cmd_target(args) -> None:
 def cmd_split(args) -> None:
     _, receipts = preregistration.frozen_inputs(args)
     tasks = list(read_jsonl(args.tasks))
-    split = split_tasks(tasks, args.seed, args.heldout_fraction)
+    split = split_tasks(tasks, args.seed, args.heldout_fraction, args.unit)
     write_jsonl(args.train, split.train)
     write_jsonl(args.heldout, split.heldout)
 
@@ -48,9 +48,15 @@ def cmd_split(args) -> None:
         "split",
         subjects=[subject(args.tasks), subject(args.train), subject(args.heldout)],
         predicate={
-            "rule": RULE,
+            "rule": rule_text(args.unit),
+            "unit": args.unit,
             "seed": args.seed,
             "heldout_fraction": args.heldout_fraction,
+            **(
+                {"heldout_classes": sorted({functional_class(t) for t in split.heldout})}
+                if args.unit == "class"
+                else {}
+            ),
             "tasks": len(tasks),
             "per_family": {
                 side: dict(sorted(Counter(t.get("family") for t in tasks_).items()))
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--heldout-fraction", type=float, required=True)
+    p.add_argument("--unit", choices=("task", "class"), default="task", help="envab/split.py")
     p.add_argument("--train", required=True)
     p.add_argument("--heldout", required=True)
     p.add_argument("--receipt", required=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envab.hashing import sha256_file
@@ -122,9 +122,11 @@ class Budget:
 class Prices:
     host_usd_per_hour: dict[str, float]  # per arm
     inference_usd_per_hour: float
+    controls: dict[str, str] = field(default_factory=dict)  # a control's runs' name -> its arm
 
     def host(self, arm: str) -> float:
-        return self.host_usd_per_hour[arm]
+        """The host price of an arm; a control runs at its base arm's."""
+        return self.host_usd_per_hour[self.controls.get(arm, arm)]
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,36 @@ class Equivalence:
         return self.margin_fraction * (threshold - self.reference_start)
 
 
+#: What each control's `expect` needs of its settings (envs/controls.py).
+CONTROL_CHANGE = {"same": set(), "slower": {"reset_delay_s"}, "differ": {"flip_rewards"}}
+
+
+@dataclass(frozen=True)
+class Control:
+    """A built-in control: `arm` run again as `<arm>-<name>` with one known change, judged
+    against the registered `expect` (analysis/controls.py)."""
+
+    name: str
+    arm: str
+    expect: str  # same | slower | differ
+    reset_delay_s: float = 0.0
+    flip_rewards: float = 0.0
+    seed: int = 0
+    tolerance: float = 0.25
+
+    @property
+    def run_arm(self) -> str:
+        """The name its runs go under."""
+        return f"{self.arm}-{self.name}"
+
+    def arm_config(self, base: Mapping) -> dict:
+        """The base arm's config with this control's change (none for an A/A)."""
+        change = {k: getattr(self, k) for k in CONTROL_CHANGE[self.expect]}
+        if change:
+            change["seed"] = self.seed
+        return {**base, "control": change} if change else dict(base)
+
+
 @dataclass(frozen=True)
 class Preregistration:
     """preregistration/target.yaml, validated against its schema with the schema's defaults
@@ -161,6 +193,7 @@ class Preregistration:
     seeds: tuple[int, ...]
     coincidence: Coincidence
     equivalence: Equivalence | None  # None: registered before the equivalence test existed
+    controls: tuple[Control, ...] = ()
 
     @property
     def threshold(self) -> float:
@@ -171,6 +204,7 @@ class Preregistration:
         data = load_yaml(path)
         check_schema(data, TARGET_SCHEMA, str(path), fill_defaults=True)
         e, p = data["evaluation"], data["prices"]
+        controls = tuple(Control(**c) for c in data.get("controls", ()))
         prereg = cls(
             experiment_id=data["experiment_id"],
             question=" ".join(data["question"].split()),
@@ -192,13 +226,16 @@ class Preregistration:
             prices=Prices(
                 {arm: float(v) for arm, v in p["host_usd_per_hour"].items()},
                 float(p["inference_usd_per_hour"]),
+                {c.run_arm: c.arm for c in controls},
             ),
             arms=tuple(data["arms"]),
             seeds=tuple(data["seeds"]),
             coincidence=Coincidence(**data["coincidence"]),
             equivalence=Equivalence(**data["equivalence"]) if "equivalence" in data else None,
+            controls=controls,
         )
         prereg._cross_check(path)
+        prereg._check_controls(path)
         return prereg
 
     def _cross_check(self, path) -> None:
@@ -223,6 +260,27 @@ class Preregistration:
                 f"below the threshold {self.threshold}: the target asks for no gain, so no margin "
                 "can tell a run that learned from one that did not"
             )
+
+    def _check_controls(self, path) -> None:
+        names = [c.name for c in self.controls]
+        for control in self.controls:
+            where = f"{path}: controls: {control.name}"
+            if names.count(control.name) > 1:
+                raise ConfigError(f"{where}: the name is used twice")
+            if control.arm not in self.arms:
+                raise ConfigError(f"{where}: arm {control.arm!r} is not one of {list(self.arms)}")
+            if control.run_arm in self.arms:
+                raise ConfigError(f"{where}: its runs' name {control.run_arm!r} is an arm's")
+            needed = CONTROL_CHANGE[control.expect]
+            given = {k for k in ("reset_delay_s", "flip_rewards") if getattr(control, k)}
+            if given != needed:
+                raise ConfigError(
+                    f"{where}: expect {control.expect} takes "
+                    f"{' and '.join(sorted(needed)) or 'no change'}, got "
+                    f"{' and '.join(sorted(given)) or 'none'}"
+                )
+        if self.controls and not self.equivalence:
+            raise ConfigError(f"{path}: controls are judged by the equivalence test: register one")
 
     def as_dict(self) -> dict:
         """A plain copy (for the report's workflow description)."""

@@ -5,6 +5,15 @@ the group ``_none``); each group is sorted by id and shuffled with ``random.Rand
 string ``"env-ab-split:<seed>:<family>"``; the first ``max(1, round(n * heldout_fraction))``
 tasks of a group of n >= 2 are held out, the rest train. Train and held-out are disjoint by id and
 by content digest (the task JSON without its id), so a renamed copy cannot leak across.
+
+The class rule, for templated task sets (split unit class): a task's functional class is its
+(family, instruction, template), i.e. for click_button the (label, theme) pair that decides the
+correct click. Each family's classes are sorted and shuffled with ``random.Random`` seeded by
+``"env-ab-split:<seed>:<family>:classes"``; walking that order, a class is held out while fewer
+than ``max(1, round(n * heldout_fraction))`` of the family's n classes are, provided its
+instruction and its template each stay in some training class. Every task of a held-out class is
+held out: success on it needs composing what training taught separately (the row from the label,
+the column from the screen), never recalling a click seen in training.
 """
 
 from __future__ import annotations
@@ -15,7 +24,14 @@ from dataclasses import dataclass
 
 from envab.hashing import sha256_json
 
-RULE = __doc__.split("\n\n")[1].replace("\n", " ").split(": ", 1)[1]
+
+def _paragraph(n: int) -> str:
+    return __doc__.split("\n\n")[n].replace("\n", " ").split(": ", 1)[1]
+
+
+RULE = _paragraph(1)
+CLASS_RULE = _paragraph(2)
+UNITS = ("task", "class")
 NO_FAMILY = "_none"
 
 
@@ -42,7 +58,52 @@ class Split:
         return [t["id"] for t in self.heldout]
 
 
-def split_tasks(tasks: list[dict], seed: int, heldout_fraction: float) -> Split:
+def rule_text(unit: str) -> str:
+    """The split rule of `unit`, as the split receipt records it."""
+    return {"task": RULE, "class": CLASS_RULE}[unit]
+
+
+def functional_class(task: dict) -> tuple[str, str, int]:
+    """(family, instruction, template): what decides a templated task's correct action."""
+    template = (task.get("generator") or {}).get("template")
+    if template is None:
+        raise SplitError(
+            f"task {task.get('id')!r} names no layout template (generator.template): holding out "
+            "functional classes needs a templated task set (tasks.factory.layout: templated)"
+        )
+    return task.get("family") or NO_FAMILY, task["instruction"], int(template)
+
+
+def heldout_classes(tasks: list[dict], seed: int, heldout_fraction: float) -> set[tuple]:
+    """The classes the class rule holds out (see the module's docstring)."""
+    by_family: dict[str, set[tuple]] = defaultdict(set)
+    for task in tasks:
+        cls = functional_class(task)
+        by_family[cls[0]].add(cls)
+    chosen: set[tuple] = set()
+    for family in sorted(by_family):
+        order = sorted(by_family[family])
+        random.Random(f"env-ab-split:{seed}:{family}:classes").shuffle(order)
+        wanted = max(1, round(len(order) * heldout_fraction))
+        training = set(order)
+        for cls in order:
+            if len(training) == len(order) - wanted:
+                break
+            rest = training - {cls}
+            if any(c[1] == cls[1] for c in rest) and any(c[2] == cls[2] for c in rest):
+                training = rest
+        if len(training) != len(order) - wanted:
+            raise SplitError(
+                f"family {family}: cannot hold out {wanted} of {len(order)} classes and keep every "
+                "instruction and template in training; lower heldout_fraction"
+            )
+        chosen |= set(order) - training
+    return chosen
+
+
+def split_tasks(tasks: list[dict], seed: int, heldout_fraction: float, unit: str = "task") -> Split:
+    if unit not in UNITS:
+        raise SplitError(f"split unit must be one of {', '.join(UNITS)}, got {unit!r}")
     if not 0 < heldout_fraction < 1:
         raise SplitError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
     ids = [t.get("id") for t in tasks]
@@ -52,6 +113,13 @@ def split_tasks(tasks: list[dict], seed: int, heldout_fraction: float) -> Split:
     if duplicates:
         raise SplitError(f"duplicate task ids: {duplicates[:5]}")
 
+    if unit == "class":
+        held = heldout_classes(tasks, seed, heldout_fraction)
+        train = [t for t in tasks if functional_class(t) not in held]
+        heldout = [t for t in tasks if functional_class(t) in held]
+        split = Split(sorted(train, key=lambda t: t["id"]), sorted(heldout, key=lambda t: t["id"]))
+        check_disjoint(split)
+        return split
     by_family: dict[str, list[dict]] = defaultdict(list)
     for task in tasks:
         by_family[task.get("family") or NO_FAMILY].append(task)

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from envab.envs.arm_schema import ArmError, arm_settings
+from envab.envs.controls import ControlBackend
 from envab.envs.drums import EMBEDDED, connect
 from envab.envs.protocol import Backend
 from envab.envs.qemu.pool import QemuConfig, QemuPool
@@ -25,9 +26,18 @@ def open_arm(
     arm_config: Mapping, *, log_path: str | None = None, allow_faults: bool = False
 ) -> Iterator[Backend]:
     """The backend of `arm_config` for the block's length: a QEMU pool, a Drums host, or the
-    embedded host started for the block (its output appended to `log_path`). `allow_faults` turns
+    embedded host started for the block (its output appended to `log_path`), wrapped by
+    envs/controls.py where the arm is a control. `allow_faults` turns
     the embedded host's fault switches on (tests, reliability runs); no other host is asked to."""
     arm = arm_settings(arm_config)
+    if "control" in arm:
+        with open_arm(
+            {k: v for k, v in arm.items() if k != "control"},
+            log_path=log_path,
+            allow_faults=allow_faults,
+        ) as backend:
+            yield ControlBackend(backend, arm["control"])
+        return
     if arm["backend"] == "qemu":
         if allow_faults:
             raise ArmError("fault injection is a switch of the embedded host, not of a VM pool")

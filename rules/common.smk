@@ -65,6 +65,17 @@ PREREG_RECEIPT = f"{RECEIPTS}/preregistration.json"
 FROZEN = [f"{RECEIPTS}/{name}" for name in FREEZE_RECEIPTS]  # what every later job builds on
 SFT_ENABLED = config["training"]["sft"]["enabled"]
 SFT_MODEL = f"{RESULTS}/sft/model"
+# Every arm a run can go under: the configured arms, and each pre-registered control's, which is
+# its base arm's config with the control's change (envs/controls.py) under <arm>-<name>.
+CONTROL_BASE = {c.run_arm: c.arm for c in PREREG.controls}
+ARMS = {
+    **config["arms"],
+    **{c.run_arm: c.arm_config(config["arms"][c.arm]) for c in PREREG.controls},
+}
+# The controls' runs: on every selected run of their base arm.
+CONTROL_RUNS = [
+    (c.run_arm, seed) for c in PREREG.controls for arm, seed in RUNS if arm == c.arm
+]
 QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
 
 # The software of every rule: the project in its own environment (`--sdm conda`), or else the
@@ -96,8 +107,8 @@ def run_dir(arm, seed):
 
 
 def run_pins():
-    """What each selected (arm, seed) run is pinned to."""
-    return [f"{run_dir(arm, seed)}/pins.json" for arm, seed in RUNS]
+    """What each selected (arm, seed) run, and each control's run, is pinned to."""
+    return [f"{run_dir(arm, seed)}/pins.json" for arm, seed in RUNS + CONTROL_RUNS]
 
 
 def run_file(name):
@@ -125,7 +136,8 @@ def training_receipts():
 
 def qemu_guest_record(wildcards):
     """A QEMU arm's guest record (the guest is built before the arm trains); none otherwise."""
-    return [f"{RESULTS}/{wildcards.arm}/guest.json"] if wildcards.arm in QEMU_ARMS else []
+    arm = CONTROL_BASE.get(wildcards.arm, wildcards.arm)  # a control runs on its base's guest
+    return [f"{RESULTS}/{arm}/guest.json"] if arm in QEMU_ARMS else []
 
 
 def checkpoint_names(arm, seed):
@@ -161,7 +173,34 @@ def run_arguments(wildcards):
     return " ".join("--run " + " ".join(run_records(arm, seed)) for arm, seed in RUNS)
 
 
+def control_pairs():
+    """The runs the controls compare: each control's, and its base arm's on the same seed; a
+    control's run also names its trajectories (the handicap counts set-ups in it)."""
+    base = sorted({(CONTROL_BASE[arm], seed) for arm, seed in CONTROL_RUNS})
+    return [(run, False) for run in base] + [(run, True) for run in CONTROL_RUNS]
+
+
+def control_run_records(wildcards):
+    return [
+        path
+        for (arm, seed), is_control in control_pairs()
+        for path in run_records(arm, seed)
+        + ([f"{run_dir(arm, seed)}/trajectories.jsonl"] if is_control else [])
+    ]
+
+
+def control_run_arguments(wildcards):
+    groups = []
+    for (arm, seed), is_control in control_pairs():
+        files = run_records(arm, seed)
+        files += [f"{run_dir(arm, seed)}/trajectories.jsonl"] if is_control else []
+        groups.append("--run " + " ".join(files))
+    return " ".join(groups)
+
+
 def answer_outputs():
-    """What `all` asks for: the outcome, its verification and one table per run."""
+    """What `all` asks for: the outcome, its verification, the controls' table where any are
+    registered, and one table per run."""
     answer = [f"{RESULTS}/outcome.md", f"{RESULTS}/verification.html"]
-    return answer + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS]
+    answer += [f"{RESULTS}/controls.md"] if CONTROL_RUNS else []
+    return answer + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS + CONTROL_RUNS]

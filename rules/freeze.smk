@@ -70,6 +70,7 @@ rule split:
     params:
         seed=config["split"]["seed"],
         fraction=config["split"]["heldout_fraction"],
+        unit=config["split"]["unit"],
     conda:
         SOFTWARE
     log:
@@ -77,6 +78,7 @@ rule split:
     shell:
         "python -m envab.freeze split --target {input.target} --receipts {input.receipt}"
         " --tasks {input.tasks} --seed {params.seed} --heldout-fraction {params.fraction}"
+        " --unit {params.unit}"
         " --train {output.train} --heldout {output.heldout} --receipt {output.receipt}"
         " > {log} 2>&1"
 
@@ -128,7 +130,7 @@ rule pins:
     output:
         run_file("pins.json"),
     params:
-        arm_config=lambda w: as_arg(config["arms"][w.arm]),
+        arm_config=lambda w: as_arg(ARMS[w.arm]),
         training=as_arg(config["training"]),
     conda:
         SOFTWARE

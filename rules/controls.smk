@@ -1,0 +1,25 @@
+# The built-in controls (the pre-registration's `controls`): each is trained and evaluated by the
+# same rules as the A/B's arms under <arm>-<name>, and judged here against its registered verdict.
+
+
+rule controls:
+    input:
+        target=config["preregistration"],
+        receipts=training_receipts(),
+        runs=control_run_records,
+    output:
+        json=f"{RESULTS}/controls.json",
+        md=report(
+            f"{RESULTS}/controls.md", caption="../report/controls.rst", category="Outcome"
+        ),
+        receipt=f"{RECEIPTS}/controls.json",
+    params:
+        runs=control_run_arguments,
+    conda:
+        SOFTWARE
+    log:
+        f"{LOGS}/controls.log",
+    shell:
+        "python -m envab.analysis.controls --target {input.target} --receipts {input.receipts}"
+        " {params.runs} --json {output.json} --md {output.md} --receipt {output.receipt}"
+        " > {log} 2>&1"

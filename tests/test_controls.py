@@ -1,0 +1,218 @@
+"""The built-in controls: a control arm changes exactly one known thing (envs/controls.py), and the
+analysis judges each control against its registered verdict (analysis/controls.py), failing a
+control whose checks did not find what was put there."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from test_outcome import write_run
+
+from envab.analysis.controls import judge, render_markdown, setups_before
+from envab.analysis.runs import RunRecords
+from envab.envs.arms import open_arm
+from envab.envs.controls import ControlBackend
+from envab.envs.tasks.build import build
+from envab.envs.tasks.local import LocalBackend
+from envab.preregistration import Control, Preregistration
+from envab.schema import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def task_and_oracle():
+    tasks, solutions = build(seed=3, per_family=1)
+    task = next(t for t in tasks if t["family"] == "click_button")
+    return task, next(s for s in solutions if s["id"] == task["id"])["oracle"]
+
+
+def solved(session, oracle):
+    for action in oracle:
+        session.step(action)
+    return session.verify()
+
+
+def test_flipped_rewards_keep_a_valid_verdict_and_every_gate(task_and_oracle):
+    task, oracle = task_and_oracle
+    backend = ControlBackend(LocalBackend(), {"flip_rewards": 1.0})
+    with backend.create(task) as session:
+        v = solved(session, oracle)
+    assert (v.valid, v.verdict, v.failed_gates, v.score) == (True, "valid", (), 0.0)
+    assert backend.flips == 1
+
+
+def test_flips_are_a_seeded_fraction_of_valid_verifications(task_and_oracle):
+    task, oracle = task_and_oracle
+
+    def scores(seed):
+        backend = ControlBackend(LocalBackend(), {"flip_rewards": 0.25, "seed": seed})
+        out = []
+        for _ in range(200):
+            with backend.create(task) as session:
+                out.append(solved(session, oracle).score)
+        return out
+
+    first = scores(0)
+    assert first == scores(0)  # the same episodes flip on a rerun
+    assert first != scores(1)
+    assert 30 <= first.count(0.0) <= 70  # 0.25 of 200, within about 3 standard deviations
+
+
+def test_the_handicap_waits_once_per_create_and_changes_nothing_else(task_and_oracle):
+    task, oracle = task_and_oracle
+    waits = []
+    backend = ControlBackend(LocalBackend(), {"reset_delay_s": 0.5}, sleep=waits.append)
+    plain = LocalBackend().create(task)
+    with backend.create(task) as session:
+        assert session.observation.state_sha256 == plain.observation.state_sha256
+        v = solved(session, oracle)
+    assert waits == [0.5] and backend.delays == 1
+    assert (v.valid, v.score) == (True, 1.0)
+
+
+def test_a_control_arm_opens_wrapped_and_its_forks_are_corrupted_too(task_and_oracle):
+    """Through open_arm and the embedded Drums host on loopback: a fork arm stays a fork arm."""
+    task, oracle = task_and_oracle
+    arm = {"backend": "drums", "url": "embedded", "mode": "fork", "control": {"flip_rewards": 1}}
+    with open_arm(arm) as backend:
+        assert isinstance(backend, ControlBackend) and backend.can_fork
+        with backend.create(task) as parent:
+            children = parent.fork(2)
+        scores = []
+        for child in children:
+            with child:
+                scores.append(solved(child, oracle).score)
+    assert scores == [0.0, 0.0] and backend.flips == 2
+
+
+def test_set_ups_are_counted_per_fork_group_or_per_attempt():
+    forked = [{"fork_parent": f"p{i // 8}"} for i in range(32)]
+    assert setups_before(forked, 32) == 4
+    assert setups_before(forked, 12) == 2  # the second group has begun
+    assert setups_before([{"fork_parent": None}] * 5, 5) == 5
+
+
+# -- judging ------------------------------------------------------------------------------------
+
+PREREG = SimpleNamespace(
+    threshold=0.5,
+    target=SimpleNamespace(crossing={"rule": "first_crossing"}),
+    equivalence=SimpleNamespace(
+        margin=lambda threshold: 0.1, bootstrap_samples=300, confidence=0.95
+    ),
+)
+STEPS = [{"step": s, "rewards": f"r{s}", "prompt_ids": f"p{s}"} for s in range(1, 5)]
+
+
+def run(tmp_path, arm, rates, seconds_per_valid, steps=STEPS, groups_of=8) -> RunRecords:
+    files = write_run(tmp_path, arm, 1, rates, seconds_per_valid, steps=steps)
+    attempts = 32 * len(rates) + len(rates)
+    trajectories = [{"fork_parent": f"p{i // groups_of}"} for i in range(attempts)]
+    return RunRecords(
+        **{
+            **RunRecords.load(**files).__dict__,
+            "trajectories": trajectories,
+        }
+    )
+
+
+RATES = [0.25, 0.5, 0.75]
+
+
+def test_an_a_a_control_passes_only_with_no_divergence_and_equivalent_curves(tmp_path):
+    aa = Control("aa", "drums", "same")
+    base = run(tmp_path / "a", "drums", RATES, 1.0)
+    same = run(tmp_path / "b", "drums-aa", RATES, 1.1)
+    assert judge(aa, [base], [same], PREREG)["verdict"] == "as expected"
+    parted = copy.deepcopy(STEPS)
+    parted[2]["rewards"] = "other"
+    diverged = run(tmp_path / "c", "drums-aa", RATES, 1.0, steps=parted)
+    result = judge(aa, [base], [diverged], PREREG)
+    assert result["verdict"] == "NOT as expected"
+    assert result["seeds"][0]["divergence"]["step"] == 3
+    apart = run(tmp_path / "d", "drums-aa", [0.25, 0.1, 0.1], 1.0)
+    assert judge(aa, [base], [apart], PREREG)["curves"]["verdict"] != "equivalent"
+    assert judge(aa, [base], [apart], PREREG)["verdict"] == "NOT as expected"
+
+
+def test_the_handicap_is_recovered_only_when_the_added_time_is_the_predicted_one(tmp_path):
+    """Base: 1 s per valid trajectory; it reaches 0.5 at the second checkpoint (64 valid, 2
+    invalid: 66 attempts in groups of 8, so 9 set-ups). A delay of 2 s per set-up adds 18 s."""
+    slower = Control("handicap", "drums", "slower", reset_delay_s=2.0)
+    base = run(tmp_path / "a", "drums", RATES, 1.0)
+    # 64 s + 18 s = 82 s at 64 valid trajectories: 82 / 64 s per valid trajectory
+    handicapped = run(tmp_path / "b", "drums-handicap", RATES, 82 / 64)
+    result = judge(slower, [base], [handicapped], PREREG)
+    timing = result["seeds"][0]["timing"]
+    assert (timing["setups"], timing["predicted_added_s"]) == (9, 18.0)
+    assert timing["added_s"] == pytest.approx(18.0)
+    assert result["verdict"] == "as expected"
+    unchanged = run(tmp_path / "c", "drums-handicap", RATES, 1.0)
+    assert judge(slower, [base], [unchanged], PREREG)["verdict"] == "NOT as expected"
+
+
+def test_a_corruption_control_passes_only_when_every_seed_diverges(tmp_path):
+    corrupt = Control("corruption", "drums", "differ", flip_rewards=0.25)
+    base = run(tmp_path / "a", "drums", RATES, 1.0)
+    parted = copy.deepcopy(STEPS)
+    parted[0]["rewards"] = "flipped"
+    flipped = run(tmp_path / "b", "drums-corruption", RATES, 1.0, steps=parted)
+    result = judge(corrupt, [base], [flipped], PREREG)
+    assert result["verdict"] == "as expected"
+    assert "diverged at step 1" in render_markdown([result])
+    missed = run(tmp_path / "c", "drums-corruption", RATES, 1.0)
+    assert judge(corrupt, [base], [missed], PREREG)["verdict"] == "NOT as expected"
+
+
+# -- registration -------------------------------------------------------------------------------
+
+
+def registered(tmp_path, controls, equivalence=True) -> Path:
+    target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
+    target["controls"] = controls
+    if equivalence:
+        target["equivalence"] = {"reference_start": 0.6, "margin_fraction": 0.5}
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(target))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("controls", "equivalence", "message"),
+    [
+        ([{"name": "aa", "arm": "nope", "expect": "same"}], True, "arm 'nope' is not one of"),
+        ([{"name": "h", "arm": "drums", "expect": "slower"}], True, "takes reset_delay_s"),
+        (
+            [{"name": "aa", "arm": "drums", "expect": "same", "flip_rewards": 0.5}],
+            True,
+            "takes no change, got flip_rewards",
+        ),
+        ([{"name": "aa", "arm": "drums", "expect": "same"}] * 2, True, "used twice"),
+        ([{"name": "aa", "arm": "drums", "expect": "same"}], False, "register one"),
+    ],
+)
+def test_a_control_that_cannot_test_what_it_expects_is_refused(
+    tmp_path, controls, equivalence, message
+):
+    with pytest.raises(ConfigError, match=message):
+        Preregistration.load(registered(tmp_path, controls, equivalence))
+
+
+def test_a_controls_arm_is_its_base_arm_with_the_change_and_its_price():
+    c = Control("handicap", "drums", "slower", reset_delay_s=1.5, seed=3)
+    base = {"backend": "drums", "url": "embedded", "mode": "fork"}
+    assert c.run_arm == "drums-handicap"
+    assert c.arm_config(base) == {**base, "control": {"reset_delay_s": 1.5, "seed": 3}}
+    assert Control("aa", "drums", "same").arm_config(base) == base
+
+
+def test_a_registered_control_prices_at_its_base_arm(tmp_path):
+    prereg = Preregistration.load(
+        registered(tmp_path, [{"name": "aa", "arm": "qemu", "expect": "same"}])
+    )
+    assert prereg.prices.host("qemu-aa") == prereg.prices.host("qemu")
