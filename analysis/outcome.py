@@ -81,6 +81,20 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         "evaluation_wall_s": sum(e.get("wall_s", 0.0) for e in run.evaluations.values()),
         "evaluation_cost_usd": sum(e.get("cost_usd", 0.0) for e in run.evaluations.values()),
         "unscored_evaluations": len(run.evaluations) - len(scored),
+        "confirmation": _confirmation(run.confirmation),
+    }
+
+
+def _confirmation(record: dict | None) -> dict | None:
+    """The confirmatory evaluation's verdict on the accepted crossing, when one was registered."""
+    if record is None:
+        return None
+    test = record.get("test") or {}
+    return {
+        "verdict": record["verdict"],
+        "checkpoint": record.get("checkpoint"),
+        **{k: test.get(k) for k in ("successes", "episodes", "success_rate", "lower_bound")},
+        "null_rate": test.get("null_rate"),
     }
 
 
@@ -329,6 +343,17 @@ def _across_seeds_lines(check: dict) -> list[str]:
     return lines
 
 
+def _confirmation_text(c: dict | None) -> str:
+    if c is None:
+        return "not registered"
+    if c.get("episodes") is None:
+        return c["verdict"]
+    return (
+        f"{c['verdict']}: {c['successes']}/{c['episodes']} fresh = {c['success_rate']:.3f}, "
+        f"bound {c['lower_bound']:.3f} vs {c['null_rate']:.2f}"
+    )
+
+
 def render_markdown(outcome: dict) -> str:
     t = outcome["target"]
     lines = [
@@ -366,9 +391,9 @@ def render_markdown(outcome: dict) -> str:
         "",
         "## Time to target",
         "",
-        "| arm | seed | outcome | held-out | wall-clock | env cost | inference cost | valid used "
-        "| invalid discarded | stop |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | seed | outcome | held-out | confirmed? | wall-clock | env cost | inference cost "
+        "| valid used | invalid discarded | stop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in outcome["runs"]:
         if r["reached"]:
@@ -381,6 +406,7 @@ def render_markdown(outcome: dict) -> str:
             rate, counters = r["final_heldout_success_rate"], r["budget_spent"]
         lines.append(
             f"| {r['arm']} | {r['seed']} | {outcome_text} | {_fmt(rate, digits=3)} "
+            f"| {_confirmation_text(r.get('confirmation'))} "
             f"| {_fmt(counters.get('wall_clock_s'), ' s')} "
             f"| {_fmt(counters.get('env_cost_usd'), ' $', 5)} "
             f"| {_fmt(counters.get('inference_cost_usd'), ' $', 5)} "
@@ -457,12 +483,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-BY_NAME = ("steps.jsonl", "trajectories.jsonl")
+BY_NAME = ("steps.jsonl", "trajectories.jsonl", "confirm.json")
 
 
 def load_run(files: list[str]) -> RunRecords:
-    """One --run group: three files in order, then steps.jsonl and trajectories.jsonl known by
-    their names (both optional), and the evaluations."""
+    """One --run group: three files in order, then steps.jsonl, trajectories.jsonl and
+    confirm.json known by their names (each optional), and the evaluations."""
     pins, checkpoints, run, *rest = files
     named = {Path(f).name: f for f in rest if Path(f).name in BY_NAME}
     evaluations = [f for f in rest if Path(f).name not in BY_NAME]
@@ -473,6 +499,7 @@ def load_run(files: list[str]) -> RunRecords:
         evaluations,
         named.get("steps.jsonl"),
         named.get("trajectories.jsonl"),
+        named.get("confirm.json"),
     )
 
 

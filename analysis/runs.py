@@ -28,6 +28,7 @@ class RunRecords:
     inputs: dict[str, str]  # path -> sha256 of every file read
     steps: list[dict] | None = None  # steps.jsonl: a digest per training step, when given
     trajectories: list[dict] | None = None  # trajectories.jsonl: one line per attempt, when given
+    confirmation: dict | None = None  # confirm.json: the accepted crossing evaluated afresh
 
     @classmethod
     def load(
@@ -38,10 +39,12 @@ class RunRecords:
         evaluations: Iterable[str | Path],
         steps: str | Path | None = None,
         trajectories: str | Path | None = None,
+        confirmation: str | Path | None = None,
     ) -> RunRecords:
         """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint.
         `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check;
-        `trajectories`: its trajectories.jsonl (the controls count environment set-ups in it)."""
+        `trajectories`: its trajectories.jsonl (the controls count environment set-ups in it);
+        `confirmation`: its confirm.json (eval/confirm.py)."""
         # Sorted so the per-run sums over evaluations add up in the same order however the
         # files are given.
         evaluation_files = sorted(Path(e) for e in evaluations)
@@ -52,6 +55,7 @@ class RunRecords:
         files = [Path(pins), Path(checkpoints), Path(run), *evaluation_files]
         files += [Path(steps)] if steps else []
         files += [Path(trajectories)] if trajectories else []
+        files += [Path(confirmation)] if confirmation else []
         pinned = json.loads(files[0].read_text())
         return cls(
             arm=pinned["arm"],
@@ -63,4 +67,5 @@ class RunRecords:
             inputs={f.as_posix(): sha256_file(f) for f in files},
             steps=list(read_jsonl(steps)) if steps else None,
             trajectories=list(read_jsonl(trajectories)) if trajectories else None,
+            confirmation=json.loads(Path(confirmation).read_text()) if confirmation else None,
         )

@@ -148,6 +148,16 @@ class Equivalence:
         return self.margin_fraction * (threshold - self.reference_start)
 
 
+@dataclass(frozen=True)
+class ConfirmationProtocol:
+    """The confirmatory evaluation of an accepted crossing (eval/confirm.py)."""
+
+    delta: float
+    alpha: float
+    power: float
+    first_seed: int
+
+
 #: What each control's `expect` needs of its settings (envs/controls.py).
 CONTROL_CHANGE = {"same": set(), "slower": {"reset_delay_s"}, "differ": {"flip_rewards"}}
 
@@ -194,6 +204,7 @@ class Preregistration:
     coincidence: Coincidence
     equivalence: Equivalence | None  # None: registered before the equivalence test existed
     controls: tuple[Control, ...] = ()
+    confirmation: ConfirmationProtocol | None = None
 
     @property
     def threshold(self) -> float:
@@ -233,9 +244,13 @@ class Preregistration:
             coincidence=Coincidence(**data["coincidence"]),
             equivalence=Equivalence(**data["equivalence"]) if "equivalence" in data else None,
             controls=controls,
+            confirmation=(
+                ConfirmationProtocol(**data["confirmation"]) if "confirmation" in data else None
+            ),
         )
         prereg._cross_check(path)
         prereg._check_controls(path)
+        prereg._check_confirmation(path)
         return prereg
 
     def _cross_check(self, path) -> None:
@@ -260,6 +275,18 @@ class Preregistration:
                 f"below the threshold {self.threshold}: the target asks for no gain, so no margin "
                 "can tell a run that learned from one that did not"
             )
+
+    def _check_confirmation(self, path) -> None:
+        c = self.confirmation
+        if c is None:
+            return
+        if c.first_seed <= max(self.evaluation.seeds):
+            raise ConfigError(
+                f"{path}: confirmation.first_seed: {c.first_seed} is not above every evaluation "
+                f"seed {list(self.evaluation.seeds)}: a confirmation needs fresh seeds"
+            )
+        if self.threshold <= c.delta:
+            raise ConfigError(f"{path}: confirmation.delta: {c.delta} leaves no rate to rule out")
 
     def _check_controls(self, path) -> None:
         names = [c.name for c in self.controls]

@@ -65,11 +65,13 @@ rule run_table:
         " --out {output} --wandb-dir {params.wandb} > {log} 2>&1"
 
 
-# The `verify` result inside the report, next to the outcome: every receipt the outcome builds on
-# and the outcome's own. The job fails on any failed digest (its log keeps the lines).
+# The `verify` result inside the report, next to the outcome: every receipt the outcome builds on,
+# the outcome's own and the controls'. The job fails on any failed digest (its log keeps the lines).
 rule verification:
     input:
-        receipts=training_receipts() + [f"{RECEIPTS}/outcome.json"],
+        receipts=training_receipts()
+        + [f"{RECEIPTS}/outcome.json"]
+        + ([f"{RECEIPTS}/controls.json"] if CONTROL_RUNS else []),
     output:
         report(
             f"{RESULTS}/verification.html",

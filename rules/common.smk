@@ -72,9 +72,13 @@ ARMS = {
     **config["arms"],
     **{c.run_arm: c.arm_config(config["arms"][c.arm]) for c in PREREG.controls},
 }
-# The controls' runs: on every selected run of their base arm.
+# The controls' runs: beside the A/B, on every selected seed of their base arm; `arm=<arm>` asks
+# for that arm alone.
 CONTROL_RUNS = [
-    (c.run_arm, seed) for c in PREREG.controls for arm, seed in RUNS if arm == c.arm
+    (c.run_arm, seed)
+    for c in PREREG.controls
+    for arm, seed in RUNS
+    if arm == c.arm and config["arm"] is None
 ]
 QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
 
@@ -164,13 +168,20 @@ def run_records(arm, seed):
     ]
 
 
+def outcome_run_records(arm, seed):
+    """A run's records as the outcome reads them: with its confirmatory evaluation, where one
+    is registered."""
+    confirmed = [f"{run_dir(arm, seed)}/confirm.json"] if PREREG.confirmation else []
+    return run_records(arm, seed) + confirmed
+
+
 def all_run_records(wildcards):
-    return [path for arm, seed in RUNS for path in run_records(arm, seed)]
+    return [path for arm, seed in RUNS for path in outcome_run_records(arm, seed)]
 
 
 def run_arguments(wildcards):
     """One `--run` group per selected run, naming the same files as `all_run_records`."""
-    return " ".join("--run " + " ".join(run_records(arm, seed)) for arm, seed in RUNS)
+    return " ".join("--run " + " ".join(outcome_run_records(arm, seed)) for arm, seed in RUNS)
 
 
 def control_pairs():

@@ -29,3 +29,36 @@ rule eval:
         " --pins {input.pins} --checkpoint-records {input.records}"
         " --checkpoint {input.checkpoint} --heldout {input.heldout} --backend {params.backend}"
         " --out {output} --log {log}"
+
+
+# The confirmatory evaluation (pre-registered `confirmation`): each run's accepted crossing
+# evaluated again on fresh seeds with enough episodes to tell the threshold from threshold -
+# delta (eval/confirm.py); a run that never crossed writes that it has nothing to confirm.
+if PREREG.confirmation:
+
+    rule confirm:
+        input:
+            target=config["preregistration"],
+            receipts=FROZEN,
+            pins=run_file("pins.json"),
+            records=run_file("checkpoints.jsonl"),
+            evals=lambda w: eval_records(w.arm, int(w.seed)),
+            checkpoints=run_file("checkpoints"),
+            heldout=f"{RESULTS}/tasks/heldout.jsonl",
+        output:
+            run_file("confirm.json"),
+        params:
+            backend=as_arg(config["arms"][PREREG.evaluation.backend]),
+        wildcard_constraints:
+            arm="[A-Za-z0-9_-]+",
+            seed=r"\d+",
+        threads: whole_machine()  # as every evaluation: never beside a timed training run
+        conda:
+            SOFTWARE
+        log:
+            f"{LOGS}/confirm_{{arm}}_seed{{seed}}.log",
+        shell:
+            "python -m envab.eval.confirm --target {input.target} --receipts {input.receipts}"
+            " --pins {input.pins} --checkpoint-records {input.records} --evals {input.evals}"
+            " --checkpoints {input.checkpoints} --heldout {input.heldout}"
+            " --backend {params.backend} --out {output} --log {log}"

@@ -33,6 +33,16 @@ def answered(tmp_path_factory, make_workflow):
     def target(t):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
         t["evaluation"].update(checkpoint_interval=4, max_steps=1)
+        t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})
+        t.setdefault("confirmation", {"delta": 0.05})
+        # The three controls on the drums arm. Every reward flipped, so the corruption shows at
+        # the first step whatever the draw; 10 s per set-up, so the handicap's two set-ups add
+        # far more than the tiny run's timing noise.
+        t["controls"] = [
+            {"name": "aa", "arm": "drums", "expect": "same"},
+            {"name": "handicap", "arm": "drums", "expect": "slower", "reset_delay_s": 10},
+            {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 1.0},
+        ]
 
     workflow.embedded_arms()
     workflow.edit_config(config)
@@ -133,6 +143,36 @@ def test_outcome_has_both_arms_and_a_verdict(answered):
     text = (answered.root / RESULTS / "outcome.md").read_text()
     assert text.index("## Learning curves") < text.index("## Time to target")
     assert "one seed per arm" in text
+
+
+def test_each_run_has_its_confirmation_or_says_it_had_nothing_to_confirm(answered):
+    outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
+    for row in outcome["runs"]:
+        record = json.loads(
+            (
+                answered.root / RESULTS / row["arm"] / f"seed{row['seed']}" / "confirm.json"
+            ).read_text()
+        )
+        assert row["confirmation"]["verdict"] == record["verdict"]
+        if row["reached"]:
+            assert record["checkpoint"] == row["checkpoint"]
+            assert record["test"]["episodes"] >= record["episodes_wanted"]
+            assert min(record["seeds"]) >= 1000  # fresh: above every evaluation seed
+        else:
+            assert record["verdict"] == "no crossing to confirm"
+
+
+def test_the_controls_ran_beside_the_a_b_with_their_registered_verdicts(answered):
+    controls = json.loads((answered.root / RESULTS / "controls.json").read_text())["controls"]
+    by_name = {c["name"]: c for c in controls}
+    assert [c["verdict"] for c in controls] == ["as expected"] * 3, controls
+    assert by_name["aa"]["seeds"][0]["divergence"]["verdict"] == "never"
+    assert by_name["corruption"]["seeds"][0]["divergence"]["step"] == 1
+    handicap = by_name["handicap"]["seeds"][0]["timing"]
+    assert handicap["setups"] == 2 and handicap["predicted_added_s"] == 20.0, handicap
+    assert (answered.root / RESULTS / "drums-handicap" / "seed1" / "curve.csv").is_file()
+    table = (answered.root / RESULTS / "controls.md").read_text()
+    assert "| handicap | drums-handicap | reset_delay_s 10 |" in table
 
 
 def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
