@@ -173,7 +173,8 @@ def _observed(seed: dict) -> str:
     d, t = seed["divergence"], seed["timing"]
     div = f"diverged at step {d['step']}" if d["verdict"] == "diverged" else d["verdict"]
     if d["verdict"] == "never":
-        div = f"never ({d['steps_compared']} steps)"
+        n = d["steps_compared"]
+        div = f"never ({n} step{'' if n == 1 else 's'})"
     parts = [f"seed {seed['seed']}: {div}"]
     if "ratio" in t:
         parts.append(f"time x{t['ratio']:.2f} at {t['checkpoint']}")

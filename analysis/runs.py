@@ -44,7 +44,7 @@ class RunRecords:
         """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint.
         `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check;
         `trajectories`: its trajectories.jsonl (the controls count environment set-ups in it);
-        `confirmation`: its confirm.json (eval/confirm.py)."""
+        `confirmation`: its confirm.json (analysis/confirm.py)."""
         # Sorted so the per-run sums over evaluations add up in the same order however the
         # files are given.
         evaluation_files = sorted(Path(e) for e in evaluations)

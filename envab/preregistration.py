@@ -150,7 +150,7 @@ class Equivalence:
 
 @dataclass(frozen=True)
 class ConfirmationProtocol:
-    """The confirmatory evaluation of an accepted crossing (eval/confirm.py)."""
+    """The confirmatory evaluation of an accepted crossing (analysis/confirm.py)."""
 
     delta: float
     alpha: float

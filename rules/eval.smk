@@ -33,7 +33,7 @@ rule eval:
 
 # The confirmatory evaluation (pre-registered `confirmation`): each run's accepted crossing
 # evaluated again on fresh seeds with enough episodes to tell the threshold from threshold -
-# delta (eval/confirm.py); a run that never crossed writes that it has nothing to confirm.
+# delta (analysis/confirm.py); a run that never crossed writes that it has nothing to confirm.
 if PREREG.confirmation:
 
     rule confirm:
@@ -58,7 +58,7 @@ if PREREG.confirmation:
         log:
             f"{LOGS}/confirm_{{arm}}_seed{{seed}}.log",
         shell:
-            "python -m envab.eval.confirm --target {input.target} --receipts {input.receipts}"
+            "python -m envab.analysis.confirm --target {input.target} --receipts {input.receipts}"
             " --pins {input.pins} --checkpoint-records {input.records} --evals {input.evals}"
             " --checkpoints {input.checkpoints} --heldout {input.heldout}"
             " --backend {params.backend} --out {output} --log {log}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-EXP = "embedded-default-v5"
+EXP = "embedded-default-v6"
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP
@@ -260,10 +260,12 @@ def test_wandb_has_both_arms_curves_against_valid_trajectories_and_wall_clock(an
     import pandas as pd
 
     runs = wandb_runs(answered.root)
-    names = {f"{kind}-{arm}-seed1" for kind in ("train", "eval") for arm in ("restore", "drums")}
+    arms = ("restore", "drums", "drums-aa", "drums-handicap", "drums-corruption")  # controls too
+    names = {f"{kind}-{arm}-seed1" for kind in ("train", "eval") for arm in arms}
     assert set(runs) == names
     for name, run in runs.items():
-        kind, arm, _ = name.split("-")
+        kind, arm = name.split("-", 1)
+        arm = arm.removesuffix("-seed1")
         assert run["run"]["run_group"] == EXP and run["run"]["job_type"] == kind
         assert run["run"]["tags"] == [f"arm:{arm}", "seed:1"]
         assert run["axes"]["train/*"] == "valid_trajectories"

@@ -73,7 +73,7 @@ def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
         ),
         (
             lambda t: t.update(equivalence={"reference_start": 0.8, "margin_fraction": 0.5}),
-            "equivalence.reference_start: 0.8 is not below the threshold 0.75",
+            "equivalence.reference_start: 0.8 is not below the threshold 0.7",
         ),
         (
             lambda t: t["target"].update(crossing={"rule": "lower_bound", "checkpoints": 2}),
@@ -109,7 +109,7 @@ def two_seeds(workflow):
     return workflow
 
 
-RUN = "results/embedded-default-v5/{}/seed{}/pins.json"
+RUN = "results/embedded-default-v6/{}/seed{}/pins.json"
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import yaml
 from test_controls import REPO
 from test_heldout import PROTOCOL, Scripted
 
+from envab.analysis.confirm import confirmation, fresh_seeds
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
-from envab.eval.confirm import confirmation, fresh_seeds
 from envab.preregistration import ConfirmationProtocol, Preregistration
 from envab.schema import ConfigError
 from envab.trainer import agent

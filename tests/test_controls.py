@@ -175,8 +175,9 @@ def test_a_corruption_control_passes_only_when_every_seed_diverges(tmp_path):
 def registered(tmp_path, controls, equivalence=True) -> Path:
     target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
     target["controls"] = controls
-    if equivalence:
-        target["equivalence"] = {"reference_start": 0.6, "margin_fraction": 0.5}
+    target["equivalence"] = {"reference_start": 0.6, "margin_fraction": 0.5}
+    if not equivalence:
+        del target["equivalence"]
     path = tmp_path / "target.yaml"
     path.write_text(yaml.safe_dump(target))
     return path

@@ -9,7 +9,7 @@ import pytest
 
 from envab.receipts import read_receipt
 
-EXP = "embedded-default-v5"
+EXP = "embedded-default-v6"
 RECEIPTS = Path("receipts") / EXP
 RESULTS = Path("results") / EXP
 
@@ -62,10 +62,10 @@ def test_receipts_record_what_was_frozen(frozen):
 def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
     receipt = frozen.root / RECEIPTS / "preregistration.json"
     before = receipt.read_bytes()
-    frozen.edit_target(lambda t: t["target"].update(threshold=0.4))
+    frozen.edit_target(lambda t: t["target"].update(threshold=0.9))
     result = frozen.snakemake()
     assert result.returncode != 0
-    assert "was edited after experiment 'embedded-default-v5' was frozen" in result.stderr
+    assert "was edited after experiment 'embedded-default-v6' was frozen" in result.stderr
     assert "new experiment_id" in result.stderr
     assert receipt.read_bytes() == before
     # A stage run outside Snakemake checks the frozen digest too.

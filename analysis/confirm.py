@@ -1,6 +1,6 @@
 """The confirmatory evaluation of one run's accepted crossing: fresh seeds, enough episodes.
 
-    python -m envab.eval.confirm --target T --receipts R... --pins P --checkpoint-records C \
+    python -m envab.analysis.confirm --target T --receipts R... --pins P --checkpoint-records C \
         --evals eval/*.json --checkpoints checkpoints/ --heldout heldout.jsonl \
         --backend '{"backend": "drums", ...}' --out confirm.json [--log L]
 
@@ -75,7 +75,7 @@ def confirmation(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m envab.eval.confirm", description=__doc__.split("\n")[0]
+        prog="python -m envab.analysis.confirm", description=__doc__.split("\n")[0]
     )
     preregistration.add_frozen_arguments(parser)
     parser.add_argument("--pins", required=True, help="the run's pins.json")
