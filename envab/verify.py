@@ -4,14 +4,18 @@
     python -m envab.verify --receipts receipts/embedded-default-v6/*.json --html verification.html
 
 Prints ``ok`` / ``MISMATCH`` / ``MISSING`` / ``MALFORMED`` with the path for every subject and every
-receipt a receipt depends on, and exits non-zero on any failure. ``--html`` also writes the checks
-as a page for the Snakemake report (written before the exit status, so a failure shows there).
+receipt a receipt depends on, and exits non-zero on any failure. A subject that is a run's
+checkpoints.jsonl vouches for the files it lists, so each saved checkpoint's files
+(checkpoints/<name>/<file>, next to it) are checked against the digests recorded there too.
+``--html`` also writes the checks as a page for the Snakemake report (written before the exit
+status, so a failure shows there).
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import shlex
 import sys
@@ -30,7 +34,7 @@ class Check:
     status: str  # ok | MISMATCH | MISSING | MALFORMED
     path: str
     receipt: str
-    role: str  # subject | depends_on | receipt
+    role: str  # subject | depends_on | receipt | checkpoint file
     sha256: str | None = None  # the digest the receipt records; None where it records none
 
     @property
@@ -53,6 +57,28 @@ def _check_digest(entry: dict, root: Path, receipt: str, role: str) -> Check:
         return Check("MISSING", name, receipt, role, expected)
     status = "ok" if sha256_file(path) == expected else "MISMATCH"
     return Check(status, name, receipt, role, expected)
+
+
+def _checkpoint_files(records: Path, root: Path, receipt: str) -> list[Check]:
+    """The files every line of a checkpoints.jsonl records, checked against their digests."""
+    checks = []
+    for line in records.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            folder = records.parent / "checkpoints" / entry["checkpoint"]
+            files = entry["files"].items()
+        except (ValueError, KeyError, AttributeError):
+            name = records.relative_to(root).as_posix() if records.is_relative_to(root) else records
+            checks.append(Check("MALFORMED", str(name), receipt, "checkpoint file"))
+            continue
+        for relative, digest in sorted(files):
+            name = (folder / relative).relative_to(root).as_posix()
+            checks.append(
+                _check_digest(
+                    {"name": name, "digest": {"sha256": digest}}, root, receipt, "checkpoint file"
+                )
+            )
+    return checks
 
 
 def verify_dir(receipts: str | Path, root: str | Path = ".") -> list[Check]:
@@ -84,7 +110,11 @@ def verify_receipts(files: list[Path], root: str | Path = ".") -> list[Check]:
             checks.append(Check("MALFORMED", name, name, "receipt"))
             continue
         checks.append(Check("ok" if intact else "MISMATCH", name, name, "receipt", recorded))
-        checks += [_check_digest(s, root, name, "subject") for s in subjects]
+        for subject_entry in subjects:
+            check = _check_digest(subject_entry, root, name, "subject")
+            checks.append(check)
+            if check.ok and Path(check.path).name == "checkpoints.jsonl":
+                checks += _checkpoint_files(root / check.path, root, name)
         checks += [_check_digest(d, root, name, "depends_on") for d in depends_on]
     return checks
 

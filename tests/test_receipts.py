@@ -89,3 +89,26 @@ def test_empty_folder_fails(tmp_path, monkeypatch, capsys):
     (tmp_path / "receipts" / "exp").mkdir(parents=True)
     code, lines = statuses(capsys)
     assert code == 1 and lines[0].startswith("MISSING")
+
+
+def test_a_flipped_byte_in_a_checkpoint_file_is_named(tmp_path, monkeypatch, capsys):
+    """checkpoints.jsonl vouches for the files of every checkpoint it lists; verify checks them."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "results" / "run"
+    weights = run / "checkpoints" / "valid-000016" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"weights")
+    digest = subject(weights)["digest"]["sha256"]
+    line = {"checkpoint": "valid-000016", "files": {"model.safetensors": digest}}
+    (run / "checkpoints.jsonl").write_text(json.dumps(line) + "\n")
+    receipt = tmp_path / "receipts" / "exp" / "outcome.json"
+    write_receipt(receipt, "outcome", [subject("results/run/checkpoints.jsonl")], {})
+    weights_name = "results/run/checkpoints/valid-000016/model.safetensors"
+    code, lines = statuses(capsys)
+    assert code == 0
+    assert f"ok        {weights_name}  (checkpoint file of receipts/exp/outcome.json)" in lines
+    flip_byte(weights)
+    code, lines = statuses(capsys)
+    assert code != 0 and any(x.startswith(f"MISMATCH  {weights_name}") for x in lines), lines
+    weights.unlink()
+    assert any(x.startswith(f"MISSING   {weights_name}") for x in statuses(capsys)[1])
