@@ -203,6 +203,7 @@ def test_stale_generation_is_invalid_and_quarantines(fork_api, taskset):
         ({"stall_at_step": 1}, "timeout", "step_timeout", False),
         ({"blank_at_step": 1}, "blank_screen", "screen_not_blank", False),
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available", None),
+        ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor", False),
     ],
 )
 def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdict, gate, at_create):
@@ -218,6 +219,7 @@ def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdic
             assert (env["valid"], env["verdict"], env["failed_gates"]) == (False, verdict, [gate])
             r = fork_api.post(f"/v1/envs/{env['env_id']}/fork", json={"n": 2})
             assert r.status_code == 409  # a quarantined environment is never copied
+            assert r.json()["failed_gates"] == [gate]  # and the refusal says by which gate
     v = verify(fork_api, env)
     # The oracle ran (or would have), yet no score: an invalid episode is never a 0 or a 1.
     assert (v["valid"], v["score"], v["verdict"], v["failed_gates"]) == (

@@ -34,8 +34,10 @@ from envab.envs.protocol import (
     Gate,
     Observation,
     Session,
+    Verdict,
     Verification,
     check_action,
+    known_verdict,
     verdict_for,
 )
 
@@ -51,7 +53,7 @@ class DrumsError(RuntimeError):
 class _Unreachable(Exception):
     """Internal: the host did not answer (or answered 5xx); carries the gate to fail."""
 
-    def __init__(self, gate: Gate, reason: str):
+    def __init__(self, gate: str, reason: str):
         super().__init__(reason)
         self.gate = gate
         self.reason = reason
@@ -65,18 +67,25 @@ def _image(b64: str | None) -> Image.Image | None:
 
 
 def _observation(body: Mapping, screenshot: Image.Image | None, done: bool = False) -> Observation:
+    """The host's observation; a verdict or gate this client has never seen is kept by name and
+    read as an environment failure (protocol.known_verdict), never a crash."""
+    gates = tuple(str(g) for g in body.get("failed_gates") or ())
+    verdict = known_verdict(str(body["verdict"]), gates)
+    valid = bool(body["valid"]) and verdict == Verdict.VALID and not gates
+    if not valid and verdict == Verdict.VALID:
+        verdict = str(Verdict.ENV_FAILURE)
     return Observation(
         generation=int(body["generation"]),
-        screenshot=screenshot,
-        valid=bool(body["valid"]),
-        verdict=str(body["verdict"]),
-        failed_gates=tuple(body.get("failed_gates") or ()),
+        screenshot=screenshot if valid else None,
+        valid=valid,
+        verdict=verdict,
+        failed_gates=gates,
         done=done,
         state_sha256=body.get("state_sha256"),
     )
 
 
-def _invalid(generation: int, gate: Gate) -> Observation:
+def _invalid(generation: int, gate: str) -> Observation:
     return Observation(generation, None, False, str(verdict_for([gate])), (str(gate),))
 
 
@@ -209,8 +218,10 @@ class DrumsBackend(Backend):
         where = f"{method} {path}"
         if r.status_code == 401:
             raise DrumsError(f"{where}: the host refused the token (401)")
-        if r.status_code in (404, 409):  # gone, or quarantined by the host
-            raise _Unreachable(Gate.WORKER_ALIVE, f"{where}: {message}")
+        if r.status_code in (404, 409):  # gone, or quarantined by the host (which says by what)
+            gates = body.get("failed_gates") if isinstance(body, dict) else None
+            gate = str(gates[0]) if isinstance(gates, list) and gates else Gate.WORKER_ALIVE
+            raise _Unreachable(gate, f"{where}: {message}")
         if r.status_code == 422:
             raise ActionRejected(message)
         if r.status_code == 501:

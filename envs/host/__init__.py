@@ -37,7 +37,8 @@ Semantics:
 - Other errors: 400 malformed request, 403 faults without --allow-faults, 404 unknown id.
 
 Fault injection (only with --allow-faults), in the create request's `faults` object:
-`kill_at_step`, `stall_at_step`, `blank_at_step` (step numbers from 1), `corrupt_restore`,
+`kill_at_step`, `stall_at_step`, `blank_at_step`, `unknown_gate_at_step` (step numbers from 1;
+the last reports a gate no client knows, as a newer host would), `corrupt_restore`,
 `verifier_unavailable` (booleans).
 """
 

@@ -62,8 +62,15 @@ class FaultsDisabled(PermissionError):
     """Fault injection was asked for but the host was not started with --allow-faults (403)."""
 
 
+UNKNOWN_GATE = "display_compositor"  # the gate `unknown_gate_at_step` reports: no client knows it
+
+
 class Quarantined(RuntimeError):
-    """The environment failed a gate and cannot be forked (HTTP 409)."""
+    """The environment failed a gate and cannot be forked (HTTP 409, naming the gates)."""
+
+    def __init__(self, message: str, failed_gates: list[str]):
+        super().__init__(message)
+        self.failed_gates = list(failed_gates)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class Faults:
     blank_at_step: int | None = None  # this step's screenshot is a single colour
     corrupt_restore: bool = False  # the environment is built from a dirty snapshot
     verifier_unavailable: bool = False  # verify cannot reach the checker
+    # After this step the host reports a gate its clients have never heard of (a newer host's).
+    unknown_gate_at_step: int | None = None
 
     @classmethod
     def parse(cls, d: Mapping | None) -> Faults:
@@ -298,13 +307,17 @@ class Pool:
         parent = self._get(env_id)
         with parent.lock:
             if parent.quarantined:
-                raise Quarantined(f"environment {env_id} failed {parent.failed_gates}")
+                raise Quarantined(
+                    f"environment {env_id} failed {parent.failed_gates}", parent.failed_gates
+                )
             t0 = time.perf_counter()
             try:
                 spawned = self._spawn(parent.channel, n, None)
             except (ChannelClosed, ChannelTimeout):
                 self._quarantine(parent, Gate.WORKER_ALIVE)
-                raise Quarantined(f"environment {env_id} died while forking") from None
+                raise Quarantined(
+                    f"environment {env_id} died while forking", parent.failed_gates
+                ) from None
             elapsed = time.perf_counter() - t0
         children = []
         for channel, pid, hello in spawned:
@@ -352,6 +365,8 @@ class Pool:
                     png = reply["screenshot"]
                     if self._blank(png):
                         self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+                    elif env.steps == env.faults.unknown_gate_at_step:
+                        self._quarantine(env, UNKNOWN_GATE)
             status = env.status()
         done = action["action_type"] in TERMINAL_ACTIONS
         return {
@@ -436,7 +451,7 @@ class Pool:
             return None
         return reply
 
-    def _quarantine(self, env: Environment, gate: Gate) -> None:
+    def _quarantine(self, env: Environment, gate: str) -> None:
         env.failed_gates.append(str(gate))
         log.warning("environment %s quarantined: gate %s failed", env.env_id, gate)
         # A worker that missed its timeout may be wedged: stop it hard.
