@@ -66,8 +66,8 @@ class ControlSession(Session):
     def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
         return self.inner.step(action, generation=generation)
 
-    def fork(self, n: int) -> list[Session]:
-        return [ControlSession(child, self.backend) for child in self.inner.fork(n)]
+    def fork(self, n: int, **faults) -> list[Session]:
+        return [ControlSession(child, self.backend) for child in self.inner.fork(n, **faults)]
 
     def verify(self) -> Verification:
         return self.backend.corrupt(self.inner.verify())

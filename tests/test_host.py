@@ -341,3 +341,25 @@ def test_the_token_appears_in_no_log(fork_host, restore_host, token, logs):
     assert "POST /v1/envs" in texts["fork.log"] and "quarantined" in texts["fork.log"]
     for name, text in texts.items():
         assert token[0] not in text, name
+
+
+def test_a_fork_arms_each_child_with_its_own_faults(fork_api, taskset):
+    """Faults are armed per child: one child clean, one starting corrupted, one that
+    dies at its first step; the parent's own faults never pass to a child."""
+    tasks, solutions = taskset
+    task_id = "click_button-s1-000"
+    parent = create(fork_api, tasks[task_id], {"verifier_unavailable": True})
+    faults = [{}, {"corrupt_restore": True}, {"kill_at_step": 1}]
+    r = fork_api.post(f"/v1/envs/{parent['env_id']}/fork", json={"n": 3, "faults": faults})
+    assert r.status_code == 200, r.text
+    clean, corrupt, doomed = r.json()["children"]
+    assert (clean["valid"], corrupt["verdict"], corrupt["failed_gates"]) == (
+        True,
+        "state_mismatch",
+        ["state_hash"],
+    )
+    oracle = solutions[task_id]["oracle"][0]
+    assert step(fork_api, doomed, oracle)["failed_gates"] == ["worker_alive"]
+    assert verify(fork_api, step(fork_api, clean, oracle))["score"] == 1.0  # not the parent's
+    bad = fork_api.post(f"/v1/envs/{parent['env_id']}/fork", json={"n": 2, "faults": [{}]})
+    assert bad.status_code == 400 and "one per child" in bad.json()["error"]

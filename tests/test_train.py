@@ -24,14 +24,24 @@ RESULTS = Path("results") / EXP
 BUDGET_VALID = 8
 INTERVAL = 2
 GROUP = 2  # num_generations
-# attempt ordinal -> host faults. Restore arm: attempt 1 starts from a corrupted snapshot, attempt
-# 2's verifier is unreachable. Fork arm: the fault lands on the parent of the group holding the
-# attempt, so attempts 0 and 1 start corrupted; verifier_unavailable on a parent never reaches
-# its children (the host arms faults per environment), so attempts 2 and 3 stay valid.
-FAULTS = {"attempts": {"1": {"corrupt_restore": True}, "2": {"verifier_unavailable": True}}}
-EXPECTED_INVALID = {
-    "restore": {1: "state_mismatch", 2: "verifier_unavailable"},
-    "drums": {0: "state_mismatch", 1: "state_mismatch"},
+# attempt ordinal -> host faults, the same attempts on both arms (on the fork arm each lands on
+# the attempt's own child, never on the group's parent). A set-up or verifier fault always makes
+# its attempt invalid; a step fault only when the attempt sent the environment an action.
+FAULTS = {
+    "attempts": {
+        "1": {"corrupt_restore": True},
+        "2": {"verifier_unavailable": True},
+        "4": {"kill_at_step": 1},
+        "6": {"stall_at_step": 1},
+    }
+}
+ALWAYS = {1: "state_mismatch", 2: "verifier_unavailable"}
+ON_ACTION = {4: "env_failure", 6: "timeout"}
+GATES = {
+    "state_mismatch": ["state_hash"],
+    "verifier_unavailable": ["verifier_available"],
+    "env_failure": ["worker_alive"],
+    "timeout": ["step_timeout"],
 }
 
 
@@ -107,15 +117,23 @@ def test_counts_add_up_and_budget_stops_the_run(trained, arm):
 
 @pytest.mark.parametrize("arm", ["restore", "drums"])
 def test_injected_faults_are_invalid_attempts_without_reward(trained, arm):
-    _, attempts, _, _ = records(trained.root, arm)
+    run, attempts, checkpoints, _ = records(trained.root, arm)
+    expected = dict(ALWAYS)
+    expected.update({n: v for n, v in ON_ACTION.items() if attempts[n]["actions"]})
+    assert set(expected) > set(ALWAYS), "no step fault fired: no faulted attempt took an action"
     got = {n: a["verdict"] for n, a in enumerate(attempts) if a["verdict"] != "valid"}
-    assert got == EXPECTED_INVALID[arm]
-    for n in got:
+    assert got == expected
+    for n, verdict in got.items():
         assert attempts[n]["reward"] is None and attempts[n]["score"] is None
-        assert attempts[n]["failed_gates"]
+        assert attempts[n]["failed_gates"] == GATES[verdict]
     for a in attempts:
         if a["verdict"] == "valid":
             assert a["reward"] in (0.0, 1.0) and a["failed_gates"] == []
+    # Every count reconciles with the faults: the run's, and the last checkpoint's.
+    assert run["invalid_discarded"] == len(expected)
+    assert checkpoints[-1]["invalid_discarded"] == sum(
+        1 for n in expected if attempts[n]["step"] <= checkpoints[-1]["step"]
+    )
 
 
 @pytest.mark.parametrize("arm", ["restore", "drums"])

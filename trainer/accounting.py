@@ -34,7 +34,8 @@ class Attempt:
     verdict: str
     failed_gates: tuple[str, ...]
     score: float | None
-    turns: int
+    turns: int  # tool calls the policy made
+    actions: int  # of them, those sent to the environment (a refused action included)
     env_seconds: float
     generation_seconds: float
     started_utc: str

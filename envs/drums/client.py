@@ -274,7 +274,8 @@ class DrumsSession(Session):
         self.timings = reply.get("timings", {})
         return self.observation
 
-    def fork(self, n: int) -> list[DrumsSession]:
+    def fork(self, n: int, *, faults: list[Mapping] | None = None) -> list[DrumsSession]:
+        """n children; `faults` (tests, reliability runs) arms each child's fault switches."""
         if not self.observation.valid:  # children of a quarantined parent are invalid too
             return [
                 DrumsSession(
@@ -291,7 +292,7 @@ class DrumsSession(Session):
             reply = self.backend._request(
                 "POST",
                 f"/v1/envs/{self.env_id}/fork",
-                json={"n": n},
+                json={"n": n, **({"faults": [dict(f) for f in faults]} if faults else {})},
                 timeout=self.backend.create_timeout_s,
             )
         except _Unreachable as e:

@@ -99,8 +99,12 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
         return pool.create(task, faults)
 
     @app.post(f"{API}/envs/{{env_id}}/fork")
-    def fork(env_id: str, n: Annotated[int, Body(embed=True)]) -> dict:
-        return pool.fork(env_id, n)
+    def fork(
+        env_id: str,
+        n: Annotated[int, Body(embed=True)],
+        faults: Annotated[Any, Body(embed=True)] = None,
+    ) -> dict:
+        return pool.fork(env_id, n, faults)
 
     @app.post(f"{API}/envs/{{env_id}}/step")
     def step(

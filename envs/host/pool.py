@@ -297,11 +297,18 @@ class Pool:
             "timings": timings,
         }
 
-    def fork(self, env_id: str, n: int) -> dict:
+    def fork(self, env_id: str, n: int, faults: Any = None) -> dict:
+        """n children of `env_id` in its state. `faults`, when given, is a list of n fault
+        objects, one per child (a parent's faults are never inherited)."""
         if self.config.mode != "fork":
             raise ForkUnsupported("this host runs in restore mode; create n environments instead")
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
             raise BadRequest(f"n must be an integer 1..64, got {n!r}")
+        if faults is not None and (not isinstance(faults, list) or len(faults) != n):
+            raise BadRequest(f"faults must be a list of {n} fault objects, one per child")
+        armed = [Faults.parse(f) for f in faults or [None] * n]
+        if any(a.any() for a in armed) and not self.config.allow_faults:
+            raise FaultsDisabled("fault injection is off (start the host with --allow-faults)")
         if len(self._envs) + n > self.config.max_envs:
             raise BadRequest(f"host holds its maximum of {self.config.max_envs} environments")
         parent = self._get(env_id)
@@ -320,7 +327,7 @@ class Pool:
                 ) from None
             elapsed = time.perf_counter() - t0
         children = []
-        for channel, pid, hello in spawned:
+        for (channel, pid, hello), child_faults in zip(spawned, armed, strict=True):
             child = Environment(
                 env_id=uuid.uuid4().hex[:16],
                 task=parent.task,
@@ -331,8 +338,18 @@ class Pool:
                 generation=parent.generation,
                 steps=parent.steps,
                 state_sha256=hello["state_sha256"],
+                faults=child_faults,
             )
-            if child.state_sha256 != child.expected_sha256:
+            if child_faults.any():  # the worker's own switches; a corrupt state shows at once
+                reply = self._call(
+                    child,
+                    ("arm", child_faults.for_worker()),
+                    self.config.create_timeout_s,
+                    Gate.SETUP,
+                )
+                if reply is not None:
+                    child.state_sha256 = reply["state_sha256"]
+            if not child.quarantined and child.state_sha256 != child.expected_sha256:
                 self._quarantine(child, Gate.STATE_HASH)
             self._register(child)
             children.append(child.status())
