@@ -262,3 +262,60 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
         for path in (root / RESULTS / "restore" / "seed1" / "steps.jsonl", out / "steps.jsonl")
     ]
     assert digests[0]["step"] == 1 and digests[0] == digests[1]
+
+
+# Where the drums run is killed (SIGKILL), one moment per process, in this order: after an
+# update before its checkpoint (the start is the only resume point yet), during generation,
+# during an environment step, during a checkpoint write, and after TRL's state of a checkpoint
+# is written but before the resume point names it. The sixth process runs to the end.
+KILLS = ["step_end:1", "generation:2", "env_step:1", "checkpoint_write:1", "resume_point:1"]
+SAME = ("checkpoint", "step", "valid_trajectories", "invalid_discarded", "files", "train_success")
+
+
+def test_a_run_killed_five_times_resumes_to_the_records_of_one_never_killed(trained):
+    """The drums run again, killed at five moments and resumed by plain reruns of Snakemake:
+    every record equals the uninterrupted run's (the same attempts, step digests and checkpoint
+    digests), the lost attempts and the downtime are accounted, and nothing is half-written.
+    Last in the module: the drums records it leaves are the resumed run's."""
+    root = trained.root
+    run_dir = root / RESULTS / "drums" / "seed1"
+    before = {"run": records(root, "drums")[0]}
+    before["steps"] = (run_dir / "steps.jsonl").read_text()
+    _, before["attempts"], before["checkpoints"], _ = records(root, "drums")
+    target = str(RESULTS / "drums" / "seed1" / "run.json")
+    faults = {**os.environ, "ENVAB_FAULT_PLAN": str(root / "faults.json")}
+    for n, kill in enumerate(KILLS):
+        forced = ("--forcerun", "train") if n == 0 else ()
+        result = run_snakemake(root, *forced, target, env={**faults, "ENVAB_KILL_AT": kill})
+        assert result.returncode != 0, f"{kill}: the run ended before it was killed"
+        assert (run_dir / "journal" / "resume.json").is_file(), kill
+        assert not (run_dir / "run.json").exists()  # Snakemake removed the failed job's outputs
+    result = run_snakemake(root, target, env=faults)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    run, attempts, checkpoints, _ = records(root, "drums")
+    assert (run_dir / "steps.jsonl").read_text() == before["steps"]
+    key = lambda a: (a["step"], a["task_id"], a["verdict"], a["failed_gates"], a["score"])  # noqa: E731
+    assert [key(a) for a in attempts] == [key(a) for a in before["attempts"]]
+    assert [{k: c[k] for k in SAME} for c in checkpoints] == [
+        {k: c[k] for k in SAME} for c in before["checkpoints"]
+    ]
+    for k in ("valid_trajectories", "invalid_discarded", "steps", "checkpoints"):
+        assert run[k] == before["run"][k], k
+
+    # Each restart on its own line: what it lost, and the downtime it did not count.
+    restarts = run["restarts"]
+    assert len(restarts) == len(KILLS)
+    assert [r["from_checkpoint"] for r in restarts][0] == "valid-000000"
+    assert all(r["downtime_s"] > 0 and r["lost_s"] >= 0 for r in restarts)
+    lost = [json.loads(line) for line in (run_dir / "lost.jsonl").read_text().splitlines()]
+    assert run["lost_trajectories"] == len(lost) == sum(r["lost_trajectories"] for r in restarts)
+    assert lost and all(a["lost"] for a in lost)
+    assert run["downtime_s"] == pytest.approx(sum(r["downtime_s"] for r in restarts))
+
+    # Nothing half-written: every checkpoint folder whole and listed, no journal left behind.
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved == sorted(c["checkpoint"] for c in checkpoints)
+    for c in checkpoints:
+        assert file_manifest(run_dir / "checkpoints" / c["checkpoint"]) == c["files"]
+    assert not (run_dir / "journal").exists()

@@ -37,6 +37,7 @@ from envab.trainer import agent
 from envab.trainer.accounting import Attempt, Ledger
 from envab.trainer.forkgroups import ForkGroups
 from envab.trainer.guards import GuardError, HeldoutGuard
+from envab.trainer.resume import moment
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class ArmEnvironment:
             return agent.tool_result(note=f"Refused: {e}")
         t0 = time.monotonic()
         ep.actions += 1
+        moment("env_step")
         try:
             obs = ep.session.step(action, generation=ep.session.generation)
         except ValueError as e:  # e.g. off screen; the desktop did not change
