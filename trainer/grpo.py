@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from peft import LoraConfig
+from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig
@@ -421,6 +422,10 @@ def first_step_after_freeze(started_utc: str, frozen_utc: str) -> None:
         )
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a file too large); nothing of it is left."""
+
+
 def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
     """Save into a temporary sibling, then rename: a checkpoint folder is whole or absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -430,6 +435,8 @@ def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
         processor.save_pretrained(tmp)
         moment("checkpoint_write")
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:  # safetensors reports a failed write as its own error
+        raise CheckpointWriteError(f"checkpoint {path.name} not written: {e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return file_manifest(path)
@@ -673,6 +680,12 @@ def main(argv: list[str] | None = None) -> int:
     except (GuardError, ConfigError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")
+        return 2
+    except OSError as e:  # a full disk, a file too large: the journal keeps the last resume point
+        log.exception("the run could not write")
+        line = f"error: {e}; run it again once that is fixed: it resumes from its last checkpoint"
+        print(line, file=sys.stderr)
+        console.say(line)
         return 2
     summary = (
         f"{record['stop_reason']} after {record['valid_trajectories']} valid, "

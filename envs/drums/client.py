@@ -152,6 +152,14 @@ class DrumsBackend(Backend):
     def health(self) -> dict:
         return self._request("GET", "/v1/health", idempotent=True)
 
+    def preflight(self) -> dict:
+        """The host's health, asked with this token before any work; or one DrumsError line
+        saying why not (unreachable, or the token refused)."""
+        try:
+            return self.health()
+        except _Unreachable as e:
+            raise DrumsError(f"the Drums host at {self.url} does not answer: {e.reason}") from None
+
     def create(self, task: Mapping, *, faults: Mapping | None = None) -> DrumsSession:
         body = {"task": dict(task)}
         if faults:
