@@ -155,14 +155,11 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     tasks = {t["id"]: t for t in read_jsonl(args.train)}
     guard.check_dataset(tasks)
     faults, fault_plan_sha256 = read_fault_plan()
-    if (
-        not journal.point_path.is_file()
-        and any(
-            p.is_file() and p.stat().st_size
-            for p in (outputs.trajectories, outputs.checkpoint_records, outputs.steps)
-        )
-        or (outputs.checkpoints.is_dir() and any(outputs.checkpoints.iterdir()))
-    ):
+    written = any(
+        p.is_file() and p.stat().st_size
+        for p in (outputs.trajectories, outputs.checkpoint_records, outputs.steps)
+    ) or (outputs.checkpoints.is_dir() and any(outputs.checkpoints.iterdir()))
+    if written and not journal.point_path.is_file():
         raise GuardError(
             f"{outputs.run.parent} already holds training records and no journal to resume "
             "from; records are append-only, so remove them (Snakemake does before a rerun) to "
@@ -297,7 +294,6 @@ class Accounting(TrainerCallback):
         self.frozen_utc, self.processor = frozen_utc, processor
         self.console, self.tracker = console, tracker
         self.stop_reason: str | None = None
-        self.restarts: list[dict] = []  # this process's restart line, if it is one
         self.last_saved = restart.point.checkpoint if restart else START_CHECKPOINT
         self.step_started = 0.0
         self.step_s = 0.0
@@ -321,7 +317,7 @@ class Accounting(TrainerCallback):
             ledger.start()
             now = utc_now()
             downtime = seconds_between(self.restart.heartbeat_utc, now)
-            self.restarts.append(self.journal.record_restart(self.restart, now, downtime))
+            self.journal.record_restart(self.restart, now, downtime)
             self.console.say(
                 f"resumed at step {state.global_step + 1} after {duration(downtime)} down "
                 "(not counted)"
@@ -612,8 +608,7 @@ def write_record(
     outputs: Outputs,
     journal: Journal,
 ) -> dict:
-    restarts = read_jsonl(journal.resumes_path) if journal.resumes_path.is_file() else []
-    lost = read_jsonl(journal.lost_path) if journal.lost_path.is_file() else []
+    restarts = journal.restarts()
     record = {
         "arm": inputs.arm,
         "seed": inputs.seed,
@@ -636,7 +631,7 @@ def write_record(
         # Each restart after a process of the run died (trainer/resume.py): the attempts lost
         # (lost.jsonl) and their wall-clock, counted above; the downtime, not counted.
         "restarts": restarts,
-        "lost_trajectories": len(lost),
+        "lost_trajectories": sum(r["lost_trajectories"] for r in restarts),
         "lost_s": sum(r["lost_s"] for r in restarts),
         "downtime_s": sum(r["downtime_s"] for r in restarts),
     }

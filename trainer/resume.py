@@ -186,32 +186,35 @@ class Journal:
     def offsets(self) -> dict[str, int]:
         return {stem: path.stat().st_size for stem, path in self.records.items()}
 
-    def record_restart(self, restart: Restart, resumed_utc: str, downtime_s: float) -> dict:
-        line = {
-            "resumed_utc": resumed_utc,
-            "from_checkpoint": restart.point.checkpoint,
-            "from_step": restart.point.global_step,
-            "lost_trajectories": restart.lost,
-            "lost_s": restart.lost_s,
-            "last_heartbeat_utc": restart.heartbeat_utc,
-            "downtime_s": downtime_s,
-        }
-        append_jsonl(self.resumes_path, line)
-        return line
+    def record_restart(self, restart: Restart, resumed_utc: str, downtime_s: float) -> None:
+        append_jsonl(
+            self.resumes_path,
+            {
+                "resumed_utc": resumed_utc,
+                "from_checkpoint": restart.point.checkpoint,
+                "from_step": restart.point.global_step,
+                "lost_trajectories": restart.lost,
+                "lost_s": restart.lost_s,
+                "last_heartbeat_utc": restart.heartbeat_utc,
+                "downtime_s": downtime_s,
+            },
+        )
+
+    def restarts(self) -> list[dict]:
+        """One line per restart of this run, for run.json."""
+        return list(read_jsonl(self.resumes_path)) if self.resumes_path.is_file() else []
 
     # --- the end -----------------------------------------------------------------------------
 
-    def close(self, run_dir: Path) -> list[dict]:
-        """The restarts, for run.json; the lost attempts move beside the outputs (lost.jsonl);
-        the journal goes (the outputs are links to its data)."""
-        restarts = read_jsonl(self.resumes_path) if self.resumes_path.is_file() else []
+    def close(self, run_dir: Path) -> None:
+        """The lost attempts move beside the outputs (lost.jsonl); the journal goes (the outputs
+        are links to its data)."""
         lost = Path(run_dir) / "lost.jsonl"
         if self.lost_path.is_file():
             os.replace(self.lost_path, lost)
         else:
             lost.unlink(missing_ok=True)
         shutil.rmtree(self.dir)
-        return restarts
 
 
 class EpochSeededSampler(RepeatSampler):
