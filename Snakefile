@@ -1,9 +1,22 @@
 # env-ab: does changing only the environment infrastructure of a computer-use RL run reach the
 # same held-out success faster or cheaper? This file is the table of contents; the rules live in
 # rules/ by topic, the experiment is pre-registered in preregistration/target.yaml.
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version
 
+from envab.schema import ConfigError, load_yaml
+
 min_version("9.0")
+
+# A config.yaml that is not YAML at all: one line saying where (Snakemake's own error names no
+# line). Its values are checked against the schema in rules/common.smk.
+if Path("config.yaml").is_file():
+    try:
+        load_yaml("config.yaml")
+    except ConfigError as e:
+        sys.exit(f"env-ab: {e}")
 
 
 configfile: "config.yaml"

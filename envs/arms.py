@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from envab.envs.arm_schema import ArmError, arm_settings
 from envab.envs.controls import ControlBackend
-from envab.envs.drums import EMBEDDED, connect
+from envab.envs.drums import EMBEDDED, DrumsError, connect
 from envab.envs.protocol import Backend
 from envab.envs.qemu.pool import QemuConfig, QemuPool
 
@@ -46,11 +46,15 @@ def open_arm(
         return
     if allow_faults and arm["url"] != EMBEDDED:
         raise ArmError("fault injection needs the embedded host (url: embedded)")
-    with connect(
-        arm["url"],
-        mode=arm.get("mode"),
-        token_file=arm.get("token_file"),
-        log_path=log_path,
-        allow_faults=allow_faults,
-    ) as backend:
-        yield backend
+    try:  # no token, an unreachable host, a refused token: one line, before any work is done
+        with connect(
+            arm["url"],
+            mode=arm.get("mode"),
+            token_file=arm.get("token_file"),
+            log_path=log_path,
+            allow_faults=allow_faults,
+        ) as backend:
+            backend.preflight()
+            yield backend
+    except DrumsError as e:
+        raise ArmError(str(e)) from None

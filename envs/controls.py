@@ -49,6 +49,20 @@ class ControlBackend(Backend):
         self.flips += 1
         return replace(verification, score=1.0 - verification.score)
 
+    def resume_state(self) -> dict:
+        """Where the draws stand, for a run's resume point (trainer/resume.py)."""
+        version, internal, gauss = self._draws.getstate()
+        return {
+            "draws": [version, list(internal), gauss],
+            "delays": self.delays,
+            "flips": self.flips,
+        }
+
+    def restore_state(self, state: Mapping) -> None:
+        version, internal, gauss = state["draws"]
+        self._draws.setstate((version, tuple(internal), gauss))
+        self.delays, self.flips = state["delays"], state["flips"]
+
     def close(self) -> None:
         self.inner.close()
 
@@ -66,8 +80,8 @@ class ControlSession(Session):
     def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
         return self.inner.step(action, generation=generation)
 
-    def fork(self, n: int) -> list[Session]:
-        return [ControlSession(child, self.backend) for child in self.inner.fork(n)]
+    def fork(self, n: int, **faults) -> list[Session]:
+        return [ControlSession(child, self.backend) for child in self.inner.fork(n, **faults)]
 
     def verify(self) -> Verification:
         return self.backend.corrupt(self.inner.verify())

@@ -114,10 +114,23 @@ def check_action(action: Any) -> dict:
 
 
 def verdict_for(failed_gates: tuple[str, ...] | list[str]) -> Verdict:
-    """The verdict of an episode from the gates that failed (the first failure decides)."""
+    """The verdict of an episode from the gates that failed (the first failure decides). A gate
+    this side has never heard of (a newer host's) is an environment failure: the episode stays
+    invalid and the caller keeps the gate's own name in `failed_gates`."""
     if not failed_gates:
         return Verdict.VALID
-    return GATE_VERDICT[Gate(failed_gates[0])]
+    try:
+        return GATE_VERDICT[Gate(failed_gates[0])]
+    except ValueError:
+        return Verdict.ENV_FAILURE
+
+
+def known_verdict(verdict: str, failed_gates: tuple[str, ...] | list[str]) -> str:
+    """A verdict as reported by another process, kept when it is one of ours; otherwise the one
+    its failed gates give (an unknown verdict must not reach the counters as a new kind)."""
+    if verdict in set(Verdict):
+        return str(verdict)
+    return str(verdict_for(failed_gates) if failed_gates else Verdict.ENV_FAILURE)
 
 
 def checked(checker, evaluator: Mapping, state: Mapping, audit: dict) -> Verification:
@@ -195,12 +208,23 @@ class Verification(Mapping):
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Verification:
+        """Another process's answer (a host's JSON). One that names a verdict or gate we do not
+        know, or contradicts itself, is an invalid episode whose audit keeps what was said."""
+        gates = tuple(str(g) for g in d.get("failed_gates") or ())
+        audit = dict(d.get("audit") or {})
+        verdict = known_verdict(str(d["verdict"]), gates)
+        valid = bool(d["valid"]) and verdict == Verdict.VALID and not gates
+        if verdict != d["verdict"] or valid != bool(d["valid"]):
+            audit["host_answer"] = {"verdict": d["verdict"], "valid": d["valid"]}
+            if not valid and verdict == Verdict.VALID:
+                verdict = str(Verdict.ENV_FAILURE)
+        score = d.get("score")
         return cls(
-            score=None if d.get("score") is None else float(d["score"]),
-            valid=bool(d["valid"]),
-            verdict=str(d["verdict"]),
-            failed_gates=tuple(d.get("failed_gates") or ()),
-            audit=dict(d.get("audit") or {}),
+            score=float(score) if valid and score is not None else None,
+            valid=valid,
+            verdict=verdict,
+            failed_gates=gates,
+            audit=audit,
         )
 
     @property

@@ -26,6 +26,7 @@ def attempt(verdict="valid", score=1.0, env_s=0.5, gen_s=2.0) -> Attempt:
         failed_gates=() if verdict == "valid" else ("worker_alive",),
         score=score if verdict == "valid" else None,
         turns=3,
+        actions=3,
         env_seconds=env_s,
         generation_seconds=gen_s,
         started_utc="a",

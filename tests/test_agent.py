@@ -309,28 +309,39 @@ def test_a_refused_action_reads_the_same_on_the_qemu_arm(tmp_path, task_set):
     assert qemu == refusals(LocalBackend(), tmp_path / "local", tasks, task_id)
 
 
-def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set):
+# attempt ordinal -> host faults, and the verdict and gate the attempt must end with.
+MID_EPISODE = {
+    0: ({"kill_at_step": 1}, "env_failure", "worker_alive"),
+    1: ({"blank_at_step": 1}, "blank_screen", "screen_not_blank"),
+    2: ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor"),
+    3: ({"corrupt_restore": True}, "state_mismatch", "state_hash"),
+}
+
+
+@pytest.mark.parametrize("mode", ["restore", "fork"])
+def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set, mode):
+    """The same faults on the same attempts on both kinds of arm (a fork arm arms each on the
+    attempt's own child): each attempt ends invalid with the fault's gate, and nothing breaks."""
     tasks, _ = task_set
     task_id = sorted(tasks)[0]
-    arm = {"backend": "drums", "url": "embedded", "mode": "restore"}
-    faults = {0: {"kill_at_step": 1}, 1: {"blank_at_step": 1}}
+    arm = {"backend": "drums", "url": "embedded", "mode": mode}
+    faults = {n: f for n, (f, _, _) in MID_EPISODE.items()}
     with open_arm(arm, allow_faults=True) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, faults=faults)
-        envs = [environment_class(COMPUTER_13)(run), environment_class(COMPUTER_13)(run)]
+        envs = [environment_class(COMPUTER_13)(run) for _ in MID_EPISODE]
         for env in envs:
             env.reset(task_id=task_id)
         for env in envs:
             assert env.click(x=10, y=10) == agent.tool_result(note=ENV_FAILED)
             assert env.done() == agent.tool_result(note=ENV_FAILED)  # the episode is over
-        assert [env.get_reward() for env in envs] == [None, None]
+        assert [env.get_reward() for env in envs] == [None] * len(envs)
     lines = [
         json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
     ]
-    assert [(x["verdict"], x["reward"], x["score"]) for x in lines] == [
-        ("env_failure", None, None),
-        ("blank_screen", None, None),
+    assert [(x["verdict"], x["failed_gates"], x["reward"], x["score"]) for x in lines] == [
+        (verdict, [gate], None, None) for _, verdict, gate in MID_EPISODE.values()
     ]
-    assert run.ledger.invalid == 2 and run.ledger.valid == 0
+    assert run.ledger.invalid == len(MID_EPISODE) and run.ledger.valid == 0
 
 
 def test_a_first_screen_other_than_the_prompts_is_invalid(tmp_path, task_set):

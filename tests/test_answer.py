@@ -1,15 +1,20 @@
 """The whole embedded default A/B on a tiny budget, through Snakemake: freeze, SFT, GRPO on both
 arms, held-out evaluation of every checkpoint, the outcome, the report, and receipts that verify.
 First one arm and seed as the design card types it (`snakemake arm=drums seed=1`) on a cluster
-executor, then the rest; the console's progress lines and the wandb runs are read back."""
+executor, then the rest; the console's progress lines and the wandb runs are read back. The arms
+reach their host with a recognisable token from a file, which no file the run wrote may contain;
+then copies of the finished run are tampered with, one item at a time."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ EXP = "embedded-default-v6"
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP
+TOKEN_FILE = Path("secrets") / "drums.token"
+TOKEN = "envab-recognisable-token-7f3a9c1e5b"  # what the file holds; found nowhere else
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +51,17 @@ def answered(tmp_path_factory, make_workflow):
             {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 1.0},
         ]
 
+    def token(c):
+        for arm in c["arms"].values():
+            arm["token_file"] = TOKEN_FILE.as_posix()
+
     workflow.embedded_arms()
     workflow.edit_config(config)
+    workflow.edit_config(token)
     workflow.edit_target(target)
+    (workflow.root / TOKEN_FILE).parent.mkdir()
+    (workflow.root / TOKEN_FILE).write_text(TOKEN + "\n")
+    (workflow.root / TOKEN_FILE).chmod(0o600)
     workflow.selected = run_selected_through_a_cluster_executor(workflow)
     workflow.console = ""  # what Snakemake's console showed
     for targets in ((), ("report",)):
@@ -295,3 +310,89 @@ def test_wandb_has_both_arms_curves_against_valid_trajectories_and_wall_clock(an
                 r["heldout_wall_clock/success_rate"] == r["heldout/success_rate"]
                 for r in run["history"]
             )
+
+
+def test_the_token_is_in_no_file_the_run_wrote(answered):
+    """Logs, receipts, trajectories, checkpoints, the report, wandb's files, Snakemake's own
+    records: every file under the workflow but the token's own holds neither the token nor its
+    base64 form."""
+    needles = (TOKEN.encode(), base64.b64encode(TOKEN.encode()))
+    scanned, holding = [], []
+    for path in sorted(answered.root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path != answered.root / TOKEN_FILE:
+            data = path.read_bytes()
+            scanned.append(path.relative_to(answered.root).as_posix())
+            if any(n in data for n in needles):
+                holding.append(scanned[-1])
+    assert holding == []
+    kinds = ("trajectories.jsonl", "model.safetensors", ".log", ".wandb", "report", "receipts/")
+    assert all(any(k in name for name in scanned) for k in kinds), kinds
+    # The arms did read the token file: the host refuses anything else (test_host), and a run
+    # that named it reached its host.
+    pins = json.loads((answered.root / RESULTS / "drums" / "seed1" / "pins.json").read_text())
+    assert pins["arm_config"]["token_file"] == TOKEN_FILE.as_posix()
+
+
+CHECKPOINT = RESULTS / "drums" / "seed1" / "checkpoints" / "valid-000000" / "model.safetensors"
+
+
+# (what is tampered with, the rule to force when Snakemake cannot see the edit itself). Snakemake
+# compares modification times, and an edit inside a directory output (the model, a checkpoint)
+# does not change the directory's; the job that reads it is then forced, as a rerun would be.
+TAMPERED = [
+    (Path("preregistration/target.yaml"), None),
+    (RESULTS / "model" / "model.safetensors", "sft"),
+    (RESULTS / "tasks" / "train.jsonl", None),
+    (RESULTS / "tasks" / "heldout.jsonl", None),
+    (RECEIPTS / "preregistration.json", None),
+    (RECEIPTS / "split.json", None),
+    (RECEIPTS / "model.json", None),
+    (RECEIPTS / "sft.json", None),
+    (RECEIPTS / "outcome.json", None),
+    (CHECKPOINT, "eval"),
+    (RESULTS / "outcome.json", "verification"),
+]
+
+
+@pytest.mark.parametrize(("path", "force"), TAMPERED, ids=[p.as_posix() for p, _ in TAMPERED])
+def test_a_tampered_item_is_named_by_verify_and_refused_by_the_next_job(
+    answered, tmp_path, path, force
+):
+    root = tmp_path / "wf"
+    shutil.copytree(answered.root, root, symlinks=True)
+    target = root / path
+    os.chmod(target, 0o644)  # receipts are write-protected; a tamperer does not care
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+
+    verified = subprocess.run(
+        [sys.executable, "-m", "envab.verify", str(RECEIPTS)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    failed = [
+        line for line in verified.stdout.splitlines() if not line.startswith(("ok", "verify:"))
+    ]
+    assert verified.returncode == 1, verified.stdout[-2000:]
+    assert any(path.as_posix() in line.split() for line in failed), failed
+
+    args = ("--forcerun", force) if force else ()
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **OFFLINE},
+    )
+    assert result.returncode != 0, result.stderr[-2000:]
+    # What the refusing job said: Snakemake's console and the logs written by this run.
+    logs = "".join(
+        p.read_text() for p in (root / "logs").rglob("*.log") if p.stat().st_mtime >= started
+    )
+    said = result.stderr + logs
+    assert path.name in said and ("error:" in said or "was edited after" in said), said[-3000:]

@@ -133,6 +133,8 @@ def test_stale_generation_is_invalid(fork_backend, taskset):
         ({"kill_at_step": 1}, "env_failure", "worker_alive"),
         ({"blank_at_step": 1}, "blank_screen", "screen_not_blank"),
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available"),
+        # A gate this client has never heard of: an environment failure under its own name.
+        ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor"),
     ],
 )
 def test_gate_failures_reach_the_caller_as_invalid_never_zero(
@@ -151,7 +153,10 @@ def test_gate_failures_reach_the_caller_as_invalid_never_zero(
                 None,
             )
             assert session.step(CLICK_CORNER) is obs  # quarantined: no more steps
-            assert all(c.observation.verdict == verdict for c in session.fork(3))
+            children = session.fork(3)
+            assert {(c.observation.verdict, c.observation.failed_gates) for c in children} == {
+                (verdict, (gate,))
+            }
         v = session.verify()
         assert (v.valid, v.score, v.reward, v.verdict, v.failed_gates) == (
             False,
@@ -170,6 +175,53 @@ def test_a_client_side_timeout_is_invalid_and_not_retried(fork_backend, token, t
         assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "timeout", ("step_timeout",))
         assert session.verify().verdict == "timeout"
         session.close()
+
+
+def _png_b64() -> str:
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(png, "PNG")
+    return base64.b64encode(png.getvalue()).decode()
+
+
+def test_a_quarantine_and_an_unknown_answer_keep_the_hosts_gate_names():
+    """409 names the gate that quarantined the environment; an answer with a verdict or gate
+    the client does not know is an environment failure that keeps what the host said."""
+    created = {
+        "env_id": "e1",
+        "generation": 0,
+        "valid": True,
+        "verdict": "valid",
+        "failed_gates": [],
+        "state_sha256": "0" * 64,
+        "timings": {},
+        "screenshot_png": _png_b64(),
+    }
+
+    def host(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/envs":
+            return httpx.Response(201, json=created)
+        if path.endswith("/fork"):
+            body = {"error": "environment e1 failed", "failed_gates": ["state_hash"]}
+            return httpx.Response(409, json=body)
+        if path.endswith("/step"):
+            body = {**created, "valid": False, "verdict": "sandbox_oom", "failed_gates": ["oom"]}
+            return httpx.Response(200, json={**body, "screenshot_png": None, "done": False})
+        if path.endswith("/verify"):
+            body = {"score": 1.0, "valid": True, "verdict": "lucky", "failed_gates": []}
+            return httpx.Response(200, json=body)
+        return httpx.Response(204)
+
+    backend = DrumsBackend("http://drums.invalid", token="t", transport=httpx.MockTransport(host))
+    children = backend.create({"id": "t1"}).fork(2)
+    assert [(c.valid, c.observation.verdict, c.observation.failed_gates) for c in children] == [
+        (False, "state_mismatch", ("state_hash",))
+    ] * 2
+    obs = backend.create({"id": "t1"}).step(CLICK_CORNER)
+    assert (obs.valid, obs.verdict, obs.failed_gates) == (False, "env_failure", ("oom",))
+    v = backend.create({"id": "t1"}).verify()
+    assert (v.valid, v.score, v.verdict) == (False, None, "env_failure")
+    assert v.audit["host_answer"] == {"verdict": "lucky", "valid": True}
 
 
 def test_retries_only_idempotent_calls():

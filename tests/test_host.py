@@ -203,6 +203,7 @@ def test_stale_generation_is_invalid_and_quarantines(fork_api, taskset):
         ({"stall_at_step": 1}, "timeout", "step_timeout", False),
         ({"blank_at_step": 1}, "blank_screen", "screen_not_blank", False),
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available", None),
+        ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor", False),
     ],
 )
 def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdict, gate, at_create):
@@ -218,6 +219,7 @@ def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdic
             assert (env["valid"], env["verdict"], env["failed_gates"]) == (False, verdict, [gate])
             r = fork_api.post(f"/v1/envs/{env['env_id']}/fork", json={"n": 2})
             assert r.status_code == 409  # a quarantined environment is never copied
+            assert r.json()["failed_gates"] == [gate]  # and the refusal says by which gate
     v = verify(fork_api, env)
     # The oracle ran (or would have), yet no score: an invalid episode is never a 0 or a 1.
     assert (v["valid"], v["score"], v["verdict"], v["failed_gates"]) == (
@@ -304,6 +306,62 @@ def test_every_route_refuses_a_request_without_the_token(fork_host, token, tasks
         assert client.get("/v1/health").json()["environments"] == before
 
 
+def test_the_host_binds_loopback_unless_told_otherwise(fork_host):
+    from envab.envs.host.__main__ import parse_args
+
+    assert fork_host.startswith("http://127.0.0.1:")  # the embedded host, as jobs start it
+    assert parse_args(["--mode", "fork", "--port", "0", "--token-file", "t"]).bind == "127.0.0.1"
+
+
+def test_tokens_are_compared_in_constant_time(monkeypatch):
+    """Every request's token goes through hmac.compare_digest (a == would leak, byte by byte,
+    how much of a guess was right through its timing)."""
+    import hmac
+
+    from envab.envs.host import app as host_app
+
+    compared, original = [], hmac.compare_digest
+
+    def compare(a, b):
+        compared.append((a, b))
+        return original(a, b)
+
+    monkeypatch.setattr(host_app.hmac, "compare_digest", compare)
+    from fastapi.testclient import TestClient
+
+    from envab.envs.host.pool import HostConfig
+
+    app = host_app.build_app(HostConfig(mode="fork"), "s3cret")
+    client = TestClient(app)  # no lifespan: nothing here needs the pool to be running
+    guess, right = {"Authorization": "Bearer guess"}, {"Authorization": "Bearer s3cret"}
+    assert client.get("/v1/health", headers=guess).status_code == 401
+    assert client.delete("/v1/envs/x", headers=right).status_code == 200  # closing is idempotent
+    assert compared == [(b"Bearer guess", b"Bearer s3cret"), (b"Bearer s3cret", b"Bearer s3cret")]
+
+
+def test_a_task_cannot_reach_outside_the_desktop(fork_api, tmp_path):
+    """OSWorld set-up steps that would run commands or write files (execute, download, open) are
+    no step of this desktop: the environment fails its set-up gate and nothing is written."""
+    escaped = tmp_path / "escaped"
+    for step in (
+        {"type": "execute", "parameters": {"command": ["touch", str(escaped)]}},
+        {"type": "download", "parameters": {"files": [{"path": str(escaped), "url": "x"}]}},
+        {"type": "open", "parameters": {"path": str(escaped)}},
+    ):
+        task = {
+            "id": "escape",
+            "instruction": "Click OK.",
+            "config": [{"type": "screen", "parameters": {"width": 128, "height": 128}}, step],
+            "evaluator": {"func": "check_click", "initial_state_sha256": "0" * 64},
+        }
+        env = create(fork_api, task)
+        assert (env["valid"], env["failed_gates"]) == (False, ["setup"]), step["type"]
+    assert not escaped.exists()
+    # The same task without that step sets up (it fails only its made-up state hash).
+    task["config"] = task["config"][:1]
+    assert create(fork_api, task)["failed_gates"] == ["state_hash"]
+
+
 @pytest.mark.parametrize("content", [None, " \n"])
 def test_a_host_without_a_usable_token_file_exits_with_one_line(tmp_path, content):
     path = tmp_path / "token"
@@ -339,3 +397,25 @@ def test_the_token_appears_in_no_log(fork_host, restore_host, token, logs):
     assert "POST /v1/envs" in texts["fork.log"] and "quarantined" in texts["fork.log"]
     for name, text in texts.items():
         assert token[0] not in text, name
+
+
+def test_a_fork_arms_each_child_with_its_own_faults(fork_api, taskset):
+    """Faults are armed per child: one child clean, one starting corrupted, one that
+    dies at its first step; the parent's own faults never pass to a child."""
+    tasks, solutions = taskset
+    task_id = "click_button-s1-000"
+    parent = create(fork_api, tasks[task_id], {"verifier_unavailable": True})
+    faults = [{}, {"corrupt_restore": True}, {"kill_at_step": 1}]
+    r = fork_api.post(f"/v1/envs/{parent['env_id']}/fork", json={"n": 3, "faults": faults})
+    assert r.status_code == 200, r.text
+    clean, corrupt, doomed = r.json()["children"]
+    assert (clean["valid"], corrupt["verdict"], corrupt["failed_gates"]) == (
+        True,
+        "state_mismatch",
+        ["state_hash"],
+    )
+    oracle = solutions[task_id]["oracle"][0]
+    assert step(fork_api, doomed, oracle)["failed_gates"] == ["worker_alive"]
+    assert verify(fork_api, step(fork_api, clean, oracle))["score"] == 1.0  # not the parent's
+    bad = fork_api.post(f"/v1/envs/{parent['env_id']}/fork", json={"n": 2, "faults": [{}]})
+    assert bad.status_code == 400 and "one per child" in bad.json()["error"]

@@ -22,8 +22,15 @@ def test_every_gate_maps_to_an_invalid_verdict():
     assert Verdict.VALID not in GATE_VERDICT.values()
     assert verdict_for([]) == Verdict.VALID
     assert verdict_for(["step_timeout", "worker_alive"]) == Verdict.TIMEOUT  # first one decides
-    with pytest.raises(ValueError):
-        verdict_for(["no_such_gate"])
+    # A gate a newer host reports: an environment failure, and the name survives.
+    assert verdict_for(["no_such_gate", "state_hash"]) == Verdict.ENV_FAILURE
+    v = Verification.invalid(["no_such_gate"])
+    assert (v.valid, v.score, v.verdict, v.failed_gates) == (
+        False,
+        None,
+        "env_failure",
+        ("no_such_gate",),
+    )
 
 
 def test_an_invalid_verification_never_carries_a_score():

@@ -24,14 +24,24 @@ RESULTS = Path("results") / EXP
 BUDGET_VALID = 8
 INTERVAL = 2
 GROUP = 2  # num_generations
-# attempt ordinal -> host faults. Restore arm: attempt 1 starts from a corrupted snapshot, attempt
-# 2's verifier is unreachable. Fork arm: the fault lands on the parent of the group holding the
-# attempt, so attempts 0 and 1 start corrupted; verifier_unavailable on a parent never reaches
-# its children (the host arms faults per environment), so attempts 2 and 3 stay valid.
-FAULTS = {"attempts": {"1": {"corrupt_restore": True}, "2": {"verifier_unavailable": True}}}
-EXPECTED_INVALID = {
-    "restore": {1: "state_mismatch", 2: "verifier_unavailable"},
-    "drums": {0: "state_mismatch", 1: "state_mismatch"},
+# attempt ordinal -> host faults, the same attempts on both arms (on the fork arm each lands on
+# the attempt's own child, never on the group's parent). A set-up or verifier fault always makes
+# its attempt invalid; a step fault only when the attempt sent the environment an action.
+FAULTS = {
+    "attempts": {
+        "1": {"corrupt_restore": True},
+        "2": {"verifier_unavailable": True},
+        "4": {"kill_at_step": 1},
+        "6": {"stall_at_step": 1},
+    }
+}
+ALWAYS = {1: "state_mismatch", 2: "verifier_unavailable"}
+ON_ACTION = {4: "env_failure", 6: "timeout"}
+GATES = {
+    "state_mismatch": ["state_hash"],
+    "verifier_unavailable": ["verifier_available"],
+    "env_failure": ["worker_alive"],
+    "timeout": ["step_timeout"],
 }
 
 
@@ -107,15 +117,23 @@ def test_counts_add_up_and_budget_stops_the_run(trained, arm):
 
 @pytest.mark.parametrize("arm", ["restore", "drums"])
 def test_injected_faults_are_invalid_attempts_without_reward(trained, arm):
-    _, attempts, _, _ = records(trained.root, arm)
+    run, attempts, checkpoints, _ = records(trained.root, arm)
+    expected = dict(ALWAYS)
+    expected.update({n: v for n, v in ON_ACTION.items() if attempts[n]["actions"]})
+    assert set(expected) > set(ALWAYS), "no step fault fired: no faulted attempt took an action"
     got = {n: a["verdict"] for n, a in enumerate(attempts) if a["verdict"] != "valid"}
-    assert got == EXPECTED_INVALID[arm]
-    for n in got:
+    assert got == expected
+    for n, verdict in got.items():
         assert attempts[n]["reward"] is None and attempts[n]["score"] is None
-        assert attempts[n]["failed_gates"]
+        assert attempts[n]["failed_gates"] == GATES[verdict]
     for a in attempts:
         if a["verdict"] == "valid":
             assert a["reward"] in (0.0, 1.0) and a["failed_gates"] == []
+    # Every count reconciles with the faults: the run's, and the last checkpoint's.
+    assert run["invalid_discarded"] == len(expected)
+    assert checkpoints[-1]["invalid_discarded"] == sum(
+        1 for n in expected if attempts[n]["step"] <= checkpoints[-1]["step"]
+    )
 
 
 @pytest.mark.parametrize("arm", ["restore", "drums"])
@@ -244,3 +262,60 @@ def test_same_seed_same_arm_gives_the_same_first_step(trained):
         for path in (root / RESULTS / "restore" / "seed1" / "steps.jsonl", out / "steps.jsonl")
     ]
     assert digests[0]["step"] == 1 and digests[0] == digests[1]
+
+
+# Where the drums run is killed (SIGKILL), one moment per process, in this order: after an
+# update before its checkpoint (the start is the only resume point yet), during generation,
+# during an environment step, during a checkpoint write, and after TRL's state of a checkpoint
+# is written but before the resume point names it. The sixth process runs to the end.
+KILLS = ["step_end:1", "generation:2", "env_step:1", "checkpoint_write:1", "resume_point:1"]
+SAME = ("checkpoint", "step", "valid_trajectories", "invalid_discarded", "files", "train_success")
+
+
+def test_a_run_killed_five_times_resumes_to_the_records_of_one_never_killed(trained):
+    """The drums run again, killed at five moments and resumed by plain reruns of Snakemake:
+    every record equals the uninterrupted run's (the same attempts, step digests and checkpoint
+    digests), the lost attempts and the downtime are accounted, and nothing is half-written.
+    Last in the module: the drums records it leaves are the resumed run's."""
+    root = trained.root
+    run_dir = root / RESULTS / "drums" / "seed1"
+    before = {"run": records(root, "drums")[0]}
+    before["steps"] = (run_dir / "steps.jsonl").read_text()
+    _, before["attempts"], before["checkpoints"], _ = records(root, "drums")
+    target = str(RESULTS / "drums" / "seed1" / "run.json")
+    faults = {**os.environ, "ENVAB_FAULT_PLAN": str(root / "faults.json")}
+    for n, kill in enumerate(KILLS):
+        forced = ("--forcerun", "train") if n == 0 else ()
+        result = run_snakemake(root, *forced, target, env={**faults, "ENVAB_KILL_AT": kill})
+        assert result.returncode != 0, f"{kill}: the run ended before it was killed"
+        assert (run_dir / "journal" / "resume.json").is_file(), kill
+        assert not (run_dir / "run.json").exists()  # Snakemake removed the failed job's outputs
+    result = run_snakemake(root, target, env=faults)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    run, attempts, checkpoints, _ = records(root, "drums")
+    assert (run_dir / "steps.jsonl").read_text() == before["steps"]
+    key = lambda a: (a["step"], a["task_id"], a["verdict"], a["failed_gates"], a["score"])  # noqa: E731
+    assert [key(a) for a in attempts] == [key(a) for a in before["attempts"]]
+    assert [{k: c[k] for k in SAME} for c in checkpoints] == [
+        {k: c[k] for k in SAME} for c in before["checkpoints"]
+    ]
+    for k in ("valid_trajectories", "invalid_discarded", "steps", "checkpoints"):
+        assert run[k] == before["run"][k], k
+
+    # Each restart on its own line: what it lost, and the downtime it did not count.
+    restarts = run["restarts"]
+    assert len(restarts) == len(KILLS)
+    assert [r["from_checkpoint"] for r in restarts][0] == "valid-000000"
+    assert all(r["downtime_s"] > 0 and r["lost_s"] >= 0 for r in restarts)
+    lost = [json.loads(line) for line in (run_dir / "lost.jsonl").read_text().splitlines()]
+    assert run["lost_trajectories"] == len(lost) == sum(r["lost_trajectories"] for r in restarts)
+    assert lost and all(a["lost"] for a in lost)
+    assert run["downtime_s"] == pytest.approx(sum(r["downtime_s"] for r in restarts))
+
+    # Nothing half-written: every checkpoint folder whole and listed, no journal left behind.
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved == sorted(c["checkpoint"] for c in checkpoints)
+    for c in checkpoints:
+        assert file_manifest(run_dir / "checkpoints" / c["checkpoint"]) == c["files"]
+    assert not (run_dir / "journal").exists()

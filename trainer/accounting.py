@@ -4,7 +4,8 @@ Every attempt (valid or not) is one line of trajectories.jsonl. A checkpoint is 
 count of *valid* trajectories passes a multiple of the frozen checkpoint interval; its record
 (one line of checkpoints.jsonl) carries the counters that time-to-target reads:
 
-- ``wall_clock_s``: training wall-clock since the first step;
+- ``wall_clock_s``: training wall-clock since the first step (after a restart: with the work the
+  dead process lost, without the downtime; trainer/resume.py);
 - ``env_host_hours`` and ``env_cost_usd``: hosts held x wall-clock, at the arm's price (the
   environment host is held for the whole run, busy or idle, so a faster environment that
   shortens the run is what makes it cheaper);
@@ -18,6 +19,7 @@ Invalid attempts carry no reward (never 0), count on their own line and never to
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from envab.io import append_jsonl
@@ -34,7 +36,8 @@ class Attempt:
     verdict: str
     failed_gates: tuple[str, ...]
     score: float | None
-    turns: int
+    turns: int  # tool calls the policy made
+    actions: int  # of them, those sent to the environment (a refused action included)
     env_seconds: float
     generation_seconds: float
     started_utc: str
@@ -78,12 +81,39 @@ class Ledger:
     window_score: float = 0.0
     started: float | None = field(default=None, repr=False)
     started_utc: str | None = None
+    # Wall-clock a restarted run carries over from the process before it (trainer/resume.py).
+    carried_s: float = 0.0
+    # Called with the wall-clock after every attempt: the run's heartbeat.
+    on_record: Callable[[float], None] | None = field(default=None, repr=False)
 
     def start(self) -> None:
-        """Mark the first training step; wall-clock and host-hours count from here."""
+        """Mark the first training step; wall-clock and host-hours count from here (a restarted
+        run's, from where its last process left off)."""
         if self.started is None:
-            self.started = self.clock()
-            self.started_utc = utc_now()
+            self.started = self.clock() - self.carried_s
+            self.started_utc = self.started_utc or utc_now()
+
+    STATE = (
+        "valid",
+        "invalid",
+        "env_busy_s",
+        "inference_s",
+        "checkpoints",
+        "window_valid",
+        "window_score",
+        "started_utc",
+    )
+
+    def state(self) -> dict:
+        """The counters a restart continues from, with the wall-clock now."""
+        return {**{k: getattr(self, k) for k in self.STATE}, "wall_clock_s": self.wall_clock_s()}
+
+    def restore(self, state: dict, wall_clock_s: float) -> None:
+        """Continue from a resume point's counters; the clock restarts at the next step from
+        `wall_clock_s`."""
+        for k in self.STATE:
+            setattr(self, k, state[k])
+        self.started, self.carried_s = None, wall_clock_s
 
     def wall_clock_s(self) -> float:
         return 0.0 if self.started is None else self.clock() - self.started
@@ -107,6 +137,8 @@ class Ledger:
             "reward": attempt.reward,
         }
         append_jsonl(self.trajectories_path, line)
+        if self.on_record:
+            self.on_record(self.wall_clock_s())
         return line
 
     def checkpoint_due(self) -> bool:

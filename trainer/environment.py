@@ -37,6 +37,7 @@ from envab.trainer import agent
 from envab.trainer.accounting import Attempt, Ledger
 from envab.trainer.forkgroups import ForkGroups
 from envab.trainer.guards import GuardError, HeldoutGuard
+from envab.trainer.resume import moment
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class Episode:
     env_seconds: float
     started_utc: str
     turns: int = 0
+    actions: int = 0  # actions sent to the environment (a refused one included)
     over: bool = False
     failed_gates: tuple[str, ...] = ()
 
@@ -147,6 +149,8 @@ class ArmEnvironment:
         except ValueError as e:  # the policy's mistake, not the environment's: nothing happens
             return agent.tool_result(note=f"Refused: {e}")
         t0 = time.monotonic()
+        ep.actions += 1
+        moment("env_step")
         try:
             obs = ep.session.step(action, generation=ep.session.generation)
         except ValueError as e:  # e.g. off screen; the desktop did not change
@@ -182,6 +186,7 @@ class ArmEnvironment:
             failed_gates=tuple(verification.failed_gates),
             score=verification.score,
             turns=ep.turns,
+            actions=ep.actions,
             env_seconds=ep.env_seconds,
             generation_seconds=generation_seconds,
             started_utc=ep.started_utc,

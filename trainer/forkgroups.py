@@ -15,10 +15,9 @@ Either way the caller gets a session whose state must hash to the task's
 `evaluator.initial_state_sha256`, and the same drop rule applies (trainer/environment.py).
 
 Fault injection (tests and reliability runs): `faults` maps an attempt's ordinal (0-based count
-of resets in the run) to the host's fault switches for the `create` that serves it. On a fork
-arm that `create` is the group's parent: a set-up fault (`corrupt_restore`) makes the parent, and
-so every child of the group, invalid; step faults do not reach the children (the host arms faults
-per environment, never through a fork).
+of resets in the run) to the host's fault switches for the environment that serves it: its
+`create` on a restore arm, its child in the group's `fork` on a fork arm (the parent is made
+clean). Either way the same attempts fail the same gates on both arms.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ class ForkGroups:
             )
         if not self.fork:
             t0 = self.clock()
-            session = self._create(task, [ordinal])
+            session = self._create(task, ordinal)
             return Start(session, None, self.clock() - t0)
         if member == 0:
             self._open_group(task, range(ordinal, ordinal + self.group_size))
@@ -80,18 +79,20 @@ class ForkGroups:
         for child in self._children:  # a group left unfinished (cannot happen under TRL)
             child.close()
         t0 = self.clock()
-        parent = self._create(task, ordinals)
+        parent = self.backend.create(task)
+        faults = [dict(self.faults.get(n, {})) for n in ordinals]
         try:
-            self._children = parent.fork(self.group_size)
+            if any(faults):
+                self._children = parent.fork(self.group_size, faults=faults)
+            else:
+                self._children = parent.fork(self.group_size)
         finally:
             parent.close()
         self._parent = parent.env_id
         self._share = (self.clock() - t0) / self.group_size
 
-    def _create(self, task: Mapping, ordinals) -> Session:
-        faults = {}
-        for n in ordinals:
-            faults.update(self.faults.get(n, {}))
+    def _create(self, task: Mapping, ordinal: int) -> Session:
+        faults = self.faults.get(ordinal)
         if faults:
             return self.backend.create(task, faults=faults)
         return self.backend.create(task)

@@ -12,17 +12,20 @@ Reads top to bottom in the order a run happens, one short function a step:
 
 1. `check_inputs`: the target is frozen and unedited, the freeze receipts verify, the frozen code
    is the code running, the run's pins match the receipts, no held-out id is in the training data;
-2. `open_ledger`: the record files, empty, and the counters (trainer/accounting.py);
+2. `open_ledger`: the run's journal (trainer/resume.py), rolled back to its last resume point if
+   an earlier process of this run died, the outputs linked to it, and the counters
+   (trainer/accounting.py), restored from that point;
 3. `build_trainer`: seeding, the dataset (one row per training task with its first screenshot
    pre-rendered), the checked model, the arm's fork-group layer and TRL's GRPOTrainer (with a
    digest line per generation batch, trainer/step_digests.py) with the environment
    (trainer/environment.py) and the `Accounting` callback, which saves the starting model as
    checkpoint valid-000000, starts the clock at the first step, saves a checkpoint every N valid
-   trajectories, stops at the budget, puts a line per checkpoint on the console and every step
-   on the run's wandb run;
-4. `run`: trainer.train() with the arm open;
+   trajectories (with TRL's state of that step, and a resume point once both are whole), stops
+   at the budget, puts a line per checkpoint on the console and every step on the run's wandb
+   run;
+4. `run`: trainer.train() with the arm open, from the resume point if there is one;
 5. `write_record`: run.json, the final counters, the stop reason, when the run started and when
-   it was frozen, and the load the machine was under (envab/machine_load.py).
+   it was frozen, its restarts, and the load the machine was under (envab/machine_load.py).
 
 Settings come from the run's pins (`training`, frozen with the run), the checkpoint interval and
 the budget from the frozen pre-registration. The GPU path (`--device cuda`: vLLM in server mode,
@@ -42,11 +45,13 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from peft import LoraConfig
+from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig
@@ -74,7 +79,14 @@ from envab.trainer.guards import (
     heldout_ids,
 )
 from envab.trainer.model import ModelPinError, load_checked
-from envab.trainer.step_digests import DigestingGRPOTrainer
+from envab.trainer.resume import (
+    KILL_ENV,
+    Journal,
+    Restart,
+    ResumableGRPOTrainer,
+    ResumePoint,
+    moment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +143,7 @@ class RunInputs:
 # --- 1. check inputs -----------------------------------------------------------------------------
 
 
-def check_inputs(args, outputs: Outputs) -> RunInputs:
+def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     prereg, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
     check_code(receipts)
@@ -143,13 +155,15 @@ def check_inputs(args, outputs: Outputs) -> RunInputs:
     tasks = {t["id"]: t for t in read_jsonl(args.train)}
     guard.check_dataset(tasks)
     faults, fault_plan_sha256 = read_fault_plan()
-    if any(
+    written = any(
         p.is_file() and p.stat().st_size
         for p in (outputs.trajectories, outputs.checkpoint_records, outputs.steps)
-    ) or (outputs.checkpoints.is_dir() and any(outputs.checkpoints.iterdir())):
+    ) or (outputs.checkpoints.is_dir() and any(outputs.checkpoints.iterdir()))
+    if written and not journal.point_path.is_file():
         raise GuardError(
-            f"{outputs.run.parent} already holds training records; records are append-only, "
-            "so remove them (Snakemake does before a rerun) to train again"
+            f"{outputs.run.parent} already holds training records and no journal to resume "
+            "from; records are append-only, so remove them (Snakemake does before a rerun) to "
+            "train again"
         )
     if args.device == "cuda" and not torch.cuda.is_available():
         raise GuardError("--device cuda but no CUDA device is visible")
@@ -200,22 +214,39 @@ def check_vllm() -> None:
 # --- 2. open the ledger --------------------------------------------------------------------------
 
 
-def open_ledger(inputs: RunInputs, outputs: Outputs) -> Ledger:
-    """The counters and the two append-only record files, which exist from the start even when
-    no attempt or checkpoint comes due."""
+def open_ledger(
+    inputs: RunInputs, outputs: Outputs, journal: Journal, console: Console
+) -> tuple[Ledger, Restart | None]:
+    """The journal, rolled back to its last resume point if a process of this run died (what it
+    lost is said), the outputs linked to it, and the counters: from zero, or from that point.
+    The record files exist from the start even when no attempt or checkpoint comes due."""
+    restart = journal.open()
+    journal.link_outputs(
+        {
+            "trajectories": outputs.trajectories,
+            "steps": outputs.steps,
+            "checkpoints": outputs.checkpoint_records,
+        },
+        outputs.checkpoints,
+    )
     prices = inputs.prereg.prices
     ledger = Ledger(
-        trajectories_path=str(outputs.trajectories),
-        checkpoints_path=str(outputs.checkpoint_records),
+        trajectories_path=str(journal.records["trajectories"]),
+        checkpoints_path=str(journal.records["checkpoints"]),
         arm=inputs.arm,
         seed=inputs.seed,
         checkpoint_interval=inputs.prereg.evaluation.checkpoint_interval,
         prices=Prices(prices.host(inputs.arm), prices.inference_usd_per_hour),
+        on_record=journal.beat,
     )
-    outputs.checkpoints.mkdir(parents=True, exist_ok=True)
-    outputs.trajectories.touch()
-    outputs.checkpoint_records.touch()
-    return ledger
+    if restart is not None:
+        ledger.restore(restart.point.ledger, restart.wall_clock_s)
+        console.say(
+            f"resuming from checkpoint {restart.point.checkpoint} (step "
+            f"{restart.point.global_step}): {restart.lost} trajectories after it lost, "
+            f"{duration(restart.lost_s)} of lost work counted"
+        )
+    return ledger, restart
 
 
 # --- 3. build the trainer ------------------------------------------------------------------------
@@ -250,16 +281,20 @@ class Accounting(TrainerCallback):
         self,
         run: Run,
         budget: Budget,
-        checkpoints: Path,
+        outputs: Outputs,
+        journal: Journal,
+        restart: Restart | None,
         frozen_utc: str,
         processor,
         console: Console,
         tracker,
     ):
-        self.run, self.budget, self.checkpoints = run, budget, checkpoints
+        self.run, self.budget, self.outputs = run, budget, outputs
+        self.journal, self.restart = journal, restart
         self.frozen_utc, self.processor = frozen_utc, processor
         self.console, self.tracker = console, tracker
         self.stop_reason: str | None = None
+        self.last_saved = restart.point.checkpoint if restart else START_CHECKPOINT
         self.step_started = 0.0
         self.step_s = 0.0
         self.progress = tqdm(
@@ -273,14 +308,25 @@ class Accounting(TrainerCallback):
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         ledger = self.run.ledger
-        if ledger.started is None:
+        if ledger.started is None and self.restart is None:
             self._save(model, START_CHECKPOINT, 0)
             ledger.start()
             first_step_after_freeze(ledger.started_utc, self.frozen_utc)
+            self._save_point(START_CHECKPOINT, 0, None)
+        elif ledger.started is None:  # the first step after a restart: the downtime ends here
+            ledger.start()
+            now = utc_now()
+            downtime = seconds_between(self.restart.heartbeat_utc, now)
+            self.journal.record_restart(self.restart, now, downtime)
+            self.console.say(
+                f"resumed at step {state.global_step + 1} after {duration(downtime)} down "
+                "(not counted)"
+            )
         self.run.step = state.global_step + 1
         self.step_started = time.monotonic()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        moment("step_end")
         ledger = self.run.ledger
         self.step_s = time.monotonic() - self.step_started
         self.progress.update(ledger.valid - self.progress.n)
@@ -290,11 +336,34 @@ class Accounting(TrainerCallback):
             record = self._save(model, name, state.global_step)
             log.info("checkpoint %s at %d valid trajectories", name, record["valid_trajectories"])
             self.console.say(self._checkpoint_line(record))
+            self.last_saved = name
+            control.should_save = True  # TRL's state of this step too, then a resume point
+        self.journal.beat(ledger.wall_clock_s())
         self.stop_reason = ledger.stop_reason(
             self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
         )
         if self.stop_reason:
             control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        """TRL's checkpoint of this step is whole: the run can resume from here."""
+        moment("resume_point")
+        self._save_point(self.last_saved, state.global_step, f"checkpoint-{state.global_step}")
+
+    def _save_point(self, checkpoint: str, step: int, trl_checkpoint: str | None) -> None:
+        backend = self.run.groups.backend
+        self.journal.save_point(
+            ResumePoint(
+                checkpoint=checkpoint,
+                global_step=step,
+                trl_checkpoint=trl_checkpoint,
+                offsets=self.journal.offsets(),
+                ledger=self.run.ledger.state(),
+                resets=self.run.groups.resets,
+                backend=backend.resume_state() if hasattr(backend, "resume_state") else None,
+                utc=utc_now(),
+            )
+        )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         """TRL's numbers of the step (reward, loss, KL) with our counters, against valid
@@ -332,8 +401,14 @@ class Accounting(TrainerCallback):
         )
 
     def _save(self, model, name: str, step: int) -> dict:
-        files = save_checkpoint(model, self.processor, self.checkpoints / name)
+        files = save_checkpoint(model, self.processor, self.journal.checkpoints / name)
+        self.journal.link_checkpoint(name, self.outputs.checkpoints)
         return self.run.ledger.record_checkpoint(name, step, files)
+
+
+def seconds_between(earlier_utc: str, later_utc: str) -> float:
+    parse = datetime.fromisoformat
+    return max(0.0, (parse(later_utc) - parse(earlier_utc)).total_seconds())
 
 
 def first_step_after_freeze(started_utc: str, frozen_utc: str) -> None:
@@ -343,6 +418,10 @@ def first_step_after_freeze(started_utc: str, frozen_utc: str) -> None:
         )
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a file too large); nothing of it is left."""
+
+
 def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
     """Save into a temporary sibling, then rename: a checkpoint folder is whole or absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -350,7 +429,10 @@ def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
     try:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
+        moment("checkpoint_write")
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:  # safetensors reports a failed write as its own error
+        raise CheckpointWriteError(f"checkpoint {path.name} not written: {e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return file_manifest(path)
@@ -362,11 +444,12 @@ def build_trainer(
     ledger: Ledger,
     groups: ForkGroups,
     outputs: Outputs,
+    journal: Journal,
+    restart: Restart | None,
     args,
-    scratch: Path,
     console: Console,
     tracker,
-) -> tuple[DigestingGRPOTrainer, Accounting]:
+) -> tuple[ResumableGRPOTrainer, Accounting]:
     """TRL's GRPOTrainer on the arm's fork groups, and its Accounting callback."""
     settings = inputs.settings
     run = Run(
@@ -382,30 +465,36 @@ def build_trainer(
     callback = Accounting(
         run,
         inputs.prereg.budget,
-        outputs.checkpoints,
+        outputs,
+        journal,
+        restart,
         preregistration.frozen_utc(inputs.receipts[preregistration.RECEIPT]),
         prepared.processor,
         console,
         tracker,
     )
-    trainer = DigestingGRPOTrainer(
+    trainer = ResumableGRPOTrainer(
         model=prepared.model,
         processing_class=prepared.processor,
-        args=grpo_config(settings, inputs.seed, scratch, args, prepared.processor.tokenizer),
+        args=grpo_config(settings, inputs.seed, journal.trl, args, prepared.processor.tokenizer),
         train_dataset=prepared.dataset,
         environment_factory=environment_factory(run),
         callbacks=[callback],
         peft_config=lora_config(args.lora_r) if args.lora_r else None,
-        steps_path=outputs.steps,
+        steps_path=journal.records["steps"],
     )
     return trainer, callback
 
 
-def grpo_config(settings: GrpoSettings, seed: int, scratch: Path, args, tokenizer) -> GRPOConfig:
+def grpo_config(settings: GrpoSettings, seed: int, trl_dir: Path, args, tokenizer) -> GRPOConfig:
     """TRL's settings; those that must not differ between arms come from the pins."""
     cpu = args.device == "cpu"
     return GRPOConfig(
-        output_dir=str(scratch),  # TRL's scratch; checkpoints are ours (save_strategy no)
+        # TRL's own checkpoints (optimizer, scheduler, RNG, trainer state) go to the journal, one
+        # with each of ours, which the Accounting callback asks for (save_strategy stays "no").
+        # Two are kept, so the one the last resume point names survives the next one's rotation.
+        output_dir=str(trl_dir),
+        save_total_limit=2,
         seed=seed,
         data_seed=seed,
         learning_rate=settings.learning_rate,
@@ -432,6 +521,7 @@ def grpo_config(settings: GrpoSettings, seed: int, scratch: Path, args, tokenize
         vllm_mode="server",
         vllm_server_base_url=args.vllm_server if not cpu else None,
         save_strategy="no",
+        save_only_model=False,
         logging_steps=1,
         report_to="none",
         disable_tqdm=True,  # our bar counts valid trajectories against the budget instead
@@ -457,8 +547,9 @@ def train(args, console: Console) -> dict:
         Path(args.run),
         Path(args.steps),
     )
-    inputs = check_inputs(args, outputs)
-    ledger = open_ledger(inputs, outputs)
+    journal = Journal(outputs.run.parent)
+    inputs = check_inputs(args, outputs, journal)
+    ledger, restart = open_ledger(inputs, outputs, journal, console)
     prepared = prepare(inputs, args.model)
     tracker = start_run(
         "train",
@@ -474,18 +565,22 @@ def train(args, console: Console) -> dict:
         directory=args.wandb_dir,
     )
     started = machine_load.Snapshot.now()
-    with (
-        open_arm(
-            inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
-        ) as backend,
-        tempfile.TemporaryDirectory(prefix="trl-") as scratch,
-    ):
+    with open_arm(
+        inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
+    ) as backend:
         groups = ForkGroups(backend, inputs.settings.num_generations, inputs.faults)
         trainer, callback = build_trainer(
-            inputs, prepared, ledger, groups, outputs, args, Path(scratch), console, tracker
+            inputs, prepared, ledger, groups, outputs, journal, restart, args, console, tracker
         )
+        resume_from = None
+        if restart is not None:  # the attempt ordinal and the backend's draws as they were
+            groups.resets = restart.point.resets
+            if restart.point.backend is not None:
+                backend.restore_state(restart.point.backend)
+            if restart.point.trl_checkpoint:
+                resume_from = str(journal.trl / restart.point.trl_checkpoint)
         try:
-            trainer.train()
+            trainer.train(resume_from_checkpoint=resume_from)
         finally:
             groups.close()
             callback.progress.close()
@@ -494,7 +589,9 @@ def train(args, console: Console) -> dict:
         environment = backend.describe() if hasattr(backend, "describe") else None
     # After the arm is closed, so that its processes' CPU time is counted.
     measured = machine_load.since(started)
-    return write_record(inputs, ledger, trainer, callback, environment, measured, args, outputs)
+    return write_record(
+        inputs, ledger, trainer, callback, environment, measured, args, outputs, journal
+    )
 
 
 # --- 5. write the record -------------------------------------------------------------------------
@@ -509,7 +606,9 @@ def write_record(
     measured: dict,
     args,
     outputs: Outputs,
+    journal: Journal,
 ) -> dict:
+    restarts = journal.restarts()
     record = {
         "arm": inputs.arm,
         "seed": inputs.seed,
@@ -524,12 +623,20 @@ def write_record(
         "model": Path(args.model).as_posix(),
         "pins_sha256": sha256_file(args.pins),
         "fault_plan_sha256": inputs.fault_plan_sha256,
+        "kill_plan": os.environ.get(KILL_ENV),
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
         "environment": environment,
         "load": measured,  # CPU time, load average and steal over the run (envab/machine_load.py)
+        # Each restart after a process of the run died (trainer/resume.py): the attempts lost
+        # (lost.jsonl) and their wall-clock, counted above; the downtime, not counted.
+        "restarts": restarts,
+        "lost_trajectories": sum(r["lost_trajectories"] for r in restarts),
+        "lost_s": sum(r["lost_s"] for r in restarts),
+        "downtime_s": sum(r["downtime_s"] for r in restarts),
     }
     atomic_write_json(outputs.run, record)
+    journal.close(outputs.run.parent)
     return record
 
 
@@ -568,6 +675,12 @@ def main(argv: list[str] | None = None) -> int:
     except (GuardError, ConfigError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")
+        return 2
+    except OSError as e:  # a full disk, a file too large: the journal keeps the last resume point
+        log.exception("the run could not write")
+        line = f"error: {e}; run it again once that is fixed: it resumes from its last checkpoint"
+        print(line, file=sys.stderr)
+        console.say(line)
         return 2
     summary = (
         f"{record['stop_reason']} after {record['valid_trajectories']} valid, "

@@ -56,7 +56,7 @@ class DigestingGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, steps_path: str | Path, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps_path = Path(steps_path)
-        self.steps_path.write_text("")  # exists from the start, even if no step runs
+        self.steps_path.touch()  # exists from the start, even if no step runs (appended to)
         self._step_rewards: torch.Tensor | None = None
 
     def _calculate_rewards(self, *args, **kwargs):

@@ -34,8 +34,10 @@ from envab.envs.protocol import (
     Gate,
     Observation,
     Session,
+    Verdict,
     Verification,
     check_action,
+    known_verdict,
     verdict_for,
 )
 
@@ -51,7 +53,7 @@ class DrumsError(RuntimeError):
 class _Unreachable(Exception):
     """Internal: the host did not answer (or answered 5xx); carries the gate to fail."""
 
-    def __init__(self, gate: Gate, reason: str):
+    def __init__(self, gate: str, reason: str):
         super().__init__(reason)
         self.gate = gate
         self.reason = reason
@@ -65,18 +67,25 @@ def _image(b64: str | None) -> Image.Image | None:
 
 
 def _observation(body: Mapping, screenshot: Image.Image | None, done: bool = False) -> Observation:
+    """The host's observation; a verdict or gate this client has never seen is kept by name and
+    read as an environment failure (protocol.known_verdict), never a crash."""
+    gates = tuple(str(g) for g in body.get("failed_gates") or ())
+    verdict = known_verdict(str(body["verdict"]), gates)
+    valid = bool(body["valid"]) and verdict == Verdict.VALID and not gates
+    if not valid and verdict == Verdict.VALID:
+        verdict = str(Verdict.ENV_FAILURE)
     return Observation(
         generation=int(body["generation"]),
-        screenshot=screenshot,
-        valid=bool(body["valid"]),
-        verdict=str(body["verdict"]),
-        failed_gates=tuple(body.get("failed_gates") or ()),
+        screenshot=screenshot if valid else None,
+        valid=valid,
+        verdict=verdict,
+        failed_gates=gates,
         done=done,
         state_sha256=body.get("state_sha256"),
     )
 
 
-def _invalid(generation: int, gate: Gate) -> Observation:
+def _invalid(generation: int, gate: str) -> Observation:
     return Observation(generation, None, False, str(verdict_for([gate])), (str(gate),))
 
 
@@ -142,6 +151,14 @@ class DrumsBackend(Backend):
 
     def health(self) -> dict:
         return self._request("GET", "/v1/health", idempotent=True)
+
+    def preflight(self) -> dict:
+        """The host's health, asked with this token before any work; or one DrumsError line
+        saying why not (unreachable, or the token refused)."""
+        try:
+            return self.health()
+        except _Unreachable as e:
+            raise DrumsError(f"the Drums host at {self.url} does not answer: {e.reason}") from None
 
     def create(self, task: Mapping, *, faults: Mapping | None = None) -> DrumsSession:
         body = {"task": dict(task)}
@@ -209,8 +226,10 @@ class DrumsBackend(Backend):
         where = f"{method} {path}"
         if r.status_code == 401:
             raise DrumsError(f"{where}: the host refused the token (401)")
-        if r.status_code in (404, 409):  # gone, or quarantined by the host
-            raise _Unreachable(Gate.WORKER_ALIVE, f"{where}: {message}")
+        if r.status_code in (404, 409):  # gone, or quarantined by the host (which says by what)
+            gates = body.get("failed_gates") if isinstance(body, dict) else None
+            gate = str(gates[0]) if isinstance(gates, list) and gates else Gate.WORKER_ALIVE
+            raise _Unreachable(gate, f"{where}: {message}")
         if r.status_code == 422:
             raise ActionRejected(message)
         if r.status_code == 501:
@@ -263,7 +282,8 @@ class DrumsSession(Session):
         self.timings = reply.get("timings", {})
         return self.observation
 
-    def fork(self, n: int) -> list[DrumsSession]:
+    def fork(self, n: int, *, faults: list[Mapping] | None = None) -> list[DrumsSession]:
+        """n children; `faults` (tests, reliability runs) arms each child's fault switches."""
         if not self.observation.valid:  # children of a quarantined parent are invalid too
             return [
                 DrumsSession(
@@ -280,7 +300,7 @@ class DrumsSession(Session):
             reply = self.backend._request(
                 "POST",
                 f"/v1/envs/{self.env_id}/fork",
-                json={"n": n},
+                json={"n": n, **({"faults": [dict(f) for f in faults]} if faults else {})},
                 timeout=self.backend.create_timeout_s,
             )
         except _Unreachable as e:

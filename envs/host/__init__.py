@@ -12,7 +12,7 @@ any request without the right token, health included, gets 401. Screenshots are 
     POST   /v1/envs                   {task, faults?}
                                       -> 201 {env_id, generation: 0, screenshot_png,
                                               state_sha256, valid, verdict, failed_gates, timings}
-    POST   /v1/envs/{id}/fork         {n}
+    POST   /v1/envs/{id}/fork         {n, faults?}
                                       -> {children: [{env_id, generation, state_sha256, valid,
                                               verdict, failed_gates}], timings}
     POST   /v1/envs/{id}/step         {action, generation}
@@ -36,9 +36,11 @@ Semantics:
   every later step answers with the same verdict, verify says invalid, fork answers 409.
 - Other errors: 400 malformed request, 403 faults without --allow-faults, 404 unknown id.
 
-Fault injection (only with --allow-faults), in the create request's `faults` object:
-`kill_at_step`, `stall_at_step`, `blank_at_step` (step numbers from 1), `corrupt_restore`,
-`verifier_unavailable` (booleans).
+Fault injection (only with --allow-faults), in the create request's `faults` object, or per
+child in a fork request's `faults` list (a child never inherits its parent's):
+`kill_at_step`, `stall_at_step`, `blank_at_step`, `unknown_gate_at_step` (the environment's step
+count from 1, a fork child counting on from its parent's; the last reports a gate no client
+knows, as a newer host would), `corrupt_restore`, `verifier_unavailable` (booleans).
 """
 
 __all__ = ["Faults", "HostConfig", "Pool", "serve_embedded", "write_token_file"]

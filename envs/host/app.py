@@ -36,8 +36,11 @@ _ERRORS: list[tuple[type[Exception], int]] = [
 ]
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, failed_gates: list[str] | None = None) -> JSONResponse:
+    body = {"error": message}
+    if failed_gates:  # a quarantine says which gate failed, so the client's verdict can too
+        body["failed_gates"] = [str(g) for g in failed_gates]
+    return JSONResponse(body, status_code=status)
 
 
 def build_app(config: HostConfig, token: str) -> FastAPI:
@@ -65,7 +68,10 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
 
     for exc_type, status in _ERRORS:
         app.add_exception_handler(
-            exc_type, lambda _req, e, status=status: _error(status, _message(e))
+            exc_type,
+            lambda _req, e, status=status: _error(
+                status, _message(e), getattr(e, "failed_gates", None)
+            ),
         )
 
     @app.exception_handler(RequestValidationError)
@@ -93,8 +99,12 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
         return pool.create(task, faults)
 
     @app.post(f"{API}/envs/{{env_id}}/fork")
-    def fork(env_id: str, n: Annotated[int, Body(embed=True)]) -> dict:
-        return pool.fork(env_id, n)
+    def fork(
+        env_id: str,
+        n: Annotated[int, Body(embed=True)],
+        faults: Annotated[Any, Body(embed=True)] = None,
+    ) -> dict:
+        return pool.fork(env_id, n, faults)
 
     @app.post(f"{API}/envs/{{env_id}}/step")
     def step(

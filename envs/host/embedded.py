@@ -2,10 +2,14 @@
 
 The pipeline does this when an arm says `url: embedded`; tests and the benchmark do it too.
 The listening socket is bound here and handed to the child, so there is no race for the port.
+The host dies with the process that started it (Linux's parent-death signal), so a job killed
+outright (kill -9, out of memory) leaves no host behind; its workers exit when their host's
+channel closes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -82,7 +86,12 @@ def serve_embedded(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(
-            cmd, pass_fds=[listener.fileno()], stdout=log, stderr=subprocess.STDOUT, env=env
+            cmd,
+            pass_fds=[listener.fileno()],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
         )
     finally:
         listener.close()
@@ -93,6 +102,16 @@ def serve_embedded(
         _stop(proc)
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it exits (the host then
+    stops as on any SIGTERM)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _wait_healthy(url, token, proc, timeout_s, log_path) -> None:

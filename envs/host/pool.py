@@ -62,8 +62,15 @@ class FaultsDisabled(PermissionError):
     """Fault injection was asked for but the host was not started with --allow-faults (403)."""
 
 
+UNKNOWN_GATE = "display_compositor"  # the gate `unknown_gate_at_step` reports: no client knows it
+
+
 class Quarantined(RuntimeError):
-    """The environment failed a gate and cannot be forked (HTTP 409)."""
+    """The environment failed a gate and cannot be forked (HTTP 409, naming the gates)."""
+
+    def __init__(self, message: str, failed_gates: list[str]):
+        super().__init__(message)
+        self.failed_gates = list(failed_gates)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class Faults:
     blank_at_step: int | None = None  # this step's screenshot is a single colour
     corrupt_restore: bool = False  # the environment is built from a dirty snapshot
     verifier_unavailable: bool = False  # verify cannot reach the checker
+    # After this step the host reports a gate its clients have never heard of (a newer host's).
+    unknown_gate_at_step: int | None = None
 
     @classmethod
     def parse(cls, d: Mapping | None) -> Faults:
@@ -288,26 +297,37 @@ class Pool:
             "timings": timings,
         }
 
-    def fork(self, env_id: str, n: int) -> dict:
+    def fork(self, env_id: str, n: int, faults: Any = None) -> dict:
+        """n children of `env_id` in its state. `faults`, when given, is a list of n fault
+        objects, one per child (a parent's faults are never inherited)."""
         if self.config.mode != "fork":
             raise ForkUnsupported("this host runs in restore mode; create n environments instead")
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
             raise BadRequest(f"n must be an integer 1..64, got {n!r}")
+        if faults is not None and (not isinstance(faults, list) or len(faults) != n):
+            raise BadRequest(f"faults must be a list of {n} fault objects, one per child")
+        armed = [Faults.parse(f) for f in faults or [None] * n]
+        if any(a.any() for a in armed) and not self.config.allow_faults:
+            raise FaultsDisabled("fault injection is off (start the host with --allow-faults)")
         if len(self._envs) + n > self.config.max_envs:
             raise BadRequest(f"host holds its maximum of {self.config.max_envs} environments")
         parent = self._get(env_id)
         with parent.lock:
             if parent.quarantined:
-                raise Quarantined(f"environment {env_id} failed {parent.failed_gates}")
+                raise Quarantined(
+                    f"environment {env_id} failed {parent.failed_gates}", parent.failed_gates
+                )
             t0 = time.perf_counter()
             try:
                 spawned = self._spawn(parent.channel, n, None)
             except (ChannelClosed, ChannelTimeout):
                 self._quarantine(parent, Gate.WORKER_ALIVE)
-                raise Quarantined(f"environment {env_id} died while forking") from None
+                raise Quarantined(
+                    f"environment {env_id} died while forking", parent.failed_gates
+                ) from None
             elapsed = time.perf_counter() - t0
         children = []
-        for channel, pid, hello in spawned:
+        for (channel, pid, hello), child_faults in zip(spawned, armed, strict=True):
             child = Environment(
                 env_id=uuid.uuid4().hex[:16],
                 task=parent.task,
@@ -318,8 +338,18 @@ class Pool:
                 generation=parent.generation,
                 steps=parent.steps,
                 state_sha256=hello["state_sha256"],
+                faults=child_faults,
             )
-            if child.state_sha256 != child.expected_sha256:
+            if child_faults.any():  # the worker's own switches; a corrupt state shows at once
+                reply = self._call(
+                    child,
+                    ("arm", child_faults.for_worker()),
+                    self.config.create_timeout_s,
+                    Gate.SETUP,
+                )
+                if reply is not None:
+                    child.state_sha256 = reply["state_sha256"]
+            if not child.quarantined and child.state_sha256 != child.expected_sha256:
                 self._quarantine(child, Gate.STATE_HASH)
             self._register(child)
             children.append(child.status())
@@ -352,6 +382,8 @@ class Pool:
                     png = reply["screenshot"]
                     if self._blank(png):
                         self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+                    elif env.steps == env.faults.unknown_gate_at_step:
+                        self._quarantine(env, UNKNOWN_GATE)
             status = env.status()
         done = action["action_type"] in TERMINAL_ACTIONS
         return {
@@ -436,7 +468,7 @@ class Pool:
             return None
         return reply
 
-    def _quarantine(self, env: Environment, gate: Gate) -> None:
+    def _quarantine(self, env: Environment, gate: str) -> None:
         env.failed_gates.append(str(gate))
         log.warning("environment %s quarantined: gate %s failed", env.env_id, gate)
         # A worker that missed its timeout may be wedged: stop it hard.

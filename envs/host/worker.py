@@ -153,6 +153,14 @@ class Worker:
             "timings": {"restore_s": t1 - t0, "setup_s": t2 - t1},
         }
 
+    def op_arm(self, faults) -> dict:
+        """A fork child's own fault switches (a fork never inherits its parent's)."""
+        self.faults = dict(faults or {})
+        if self.faults.get("corrupt_restore"):
+            blob = corrupt_snapshot(self.desktop_cls, self.desktop.snapshot())
+            self.desktop = self.desktop_cls.restore(blob)
+        return {"state_sha256": self.desktop.state_hash()}
+
     def op_step(self, action) -> dict:
         self.steps += 1
         if self.faults.get("kill_at_step") == self.steps:

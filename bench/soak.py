@@ -1,0 +1,229 @@
+"""Soak: the embedded A/B trained under injected faults and kills, then every invariant checked.
+
+    python bench/soak.py --out DIR [--valid 96] [--fault-rate 0.1] [--kills 3] [--seed 0]
+
+A copy of the workflow in DIR/workflow, both arms on the embedded host (`restore`: a restore per
+rollout; `drums`: a fork per group), tiny GRPO settings (2 prompts of 2 completions a step, one
+turn), a budget of --valid valid trajectories and a checkpoint every quarter of it. The fault plan
+puts a fault on each attempt with probability --fault-rate, drawn from --seed among the embedded
+host's switches (a killed worker, a stalled step, a blank screen, a gate no client knows, a
+corrupt restore, the verifier down); both arms get the same plan. Each arm's training is killed
+(SIGKILL) up to --kills times, at moments drawn from trainer/resume.py's MOMENTS, and resumed by
+running Snakemake again; then the workflow runs to its outcome.
+
+Checked for each arm: every injected fault that fired made exactly its attempt invalid with its
+own verdict and gate (a step fault fires only when the attempt sent an action), and nothing else
+is invalid; run.json's counters equal the records'; each checkpoint's counters equal the attempts
+up to its step, its folder matches its digests and nothing half-written is left; one restart line
+per kill survived, the lost attempts in lost.jsonl as many as those lines say; one digest line per
+step; and the receipts verify. Writes DIR/soak.json and prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from envab.hashing import file_manifest
+from envab.preregistration import Preregistration
+from envab.trainer.resume import MOMENTS
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOW = ["Snakefile", "config.yaml", "environment.yaml", "rules", "schemas", "preregistration",
+            "report", "envab", "envs", "trainer", "eval", "analysis"]  # fmt: skip
+ARMS = {
+    "restore": {"backend": "drums", "url": "embedded", "mode": "restore"},
+    "drums": {"backend": "drums", "url": "embedded", "mode": "fork"},
+}
+# The host's switch, the verdict and gate it must give, and whether it fires only on an action.
+FAULTS = {
+    "kill_at_step": ({"kill_at_step": 1}, "env_failure", "worker_alive", True),
+    "stall_at_step": ({"stall_at_step": 1}, "timeout", "step_timeout", True),
+    "blank_at_step": ({"blank_at_step": 1}, "blank_screen", "screen_not_blank", True),
+    "unknown_gate": ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor", True),
+    "corrupt_restore": ({"corrupt_restore": True}, "state_mismatch", "state_hash", False),
+    "verifier_down": ({"verifier_unavailable": True}, "verifier_unavailable",
+                      "verifier_available", False),
+}  # fmt: skip
+
+
+def workflow_copy(root: Path, valid: int) -> Preregistration:
+    for name in WORKFLOW:
+        src = REPO / name
+        ignore = shutil.ignore_patterns("__pycache__", ".snakemake")
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=ignore)
+        else:
+            shutil.copy2(src, root / name)
+    config_path, target_path = root / "config.yaml", root / "preregistration" / "target.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config["arms"] = ARMS
+    config["training"]["sft"].update(steps=2, batch_size=4)
+    config["training"]["grpo"].update(
+        num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=24
+    )
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    target = yaml.safe_load(target_path.read_text())
+    target["experiment_id"] = "soak"
+    target["arms"] = list(ARMS)
+    target["prices"]["host_usd_per_hour"] = {arm: 0.10 for arm in ARMS}
+    target["budget"].update(max_wall_clock_s=3600, max_valid_trajectories=valid)
+    target["evaluation"].update(backend="restore", seeds=[0], checkpoint_interval=valid // 4)
+    for key in ("controls", "confirmation"):
+        target.pop(key, None)
+    target_path.write_text(yaml.safe_dump(target, sort_keys=False))
+    return Preregistration.load(target_path)
+
+
+def fault_plan(rate: float, attempts: int, rng: random.Random) -> dict[int, str]:
+    return {n: rng.choice(sorted(FAULTS)) for n in range(attempts) if rng.random() < rate}
+
+
+def snakemake(root: Path, *targets: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "all", *targets],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WANDB_MODE": "disabled", **env},
+    )
+
+
+def train_with_kills(root: Path, exp: str, arm: str, kills: int, env: dict, rng) -> dict:
+    """Kill the arm's training `kills` times at drawn moments, then let it finish."""
+    run_dir = root / "results" / exp / arm / "seed1"
+    target = str(Path("results") / exp / arm / "seed1" / "run.json")
+    done = []
+    for _ in range(kills):
+        at = f"{rng.choice(MOMENTS)}:{rng.randint(1, 3)}"
+        result = snakemake(root, target, env={**env, "ENVAB_KILL_AT": at})
+        if result.returncode == 0:  # the run ended before the moment came
+            break
+        resumable = (run_dir / "journal" / "resume.json").is_file()
+        done.append({"kill": at, "resumable": resumable})
+        print(f"  {arm}: killed at {at} ({'resumes' if resumable else 'starts afresh'})")
+    result = snakemake(root, target, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"{arm}: training did not finish:\n{result.stderr[-3000:]}")
+    return {"kills": done}
+
+
+def check_run(run_dir: Path, plan: dict[int, str], kills: list[dict]) -> dict:
+    """Every invariant of one run: its figures, or an AssertionError naming the broken one."""
+    read = lambda name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]  # noqa: E731
+    run = json.loads((run_dir / "run.json").read_text())
+    attempts, checkpoints = read("trajectories.jsonl"), read("checkpoints.jsonl")
+    steps = read("steps.jsonl")
+    fired = {}
+    for n, name in plan.items():
+        if n < len(attempts):
+            _, verdict, gate, on_action = FAULTS[name]
+            if not on_action or attempts[n]["actions"]:
+                fired[n] = (verdict, gate)
+    got = {
+        n: (a["verdict"], a["failed_gates"][0])
+        for n, a in enumerate(attempts)
+        if a["verdict"] != "valid"
+    }
+    assert got == fired, f"invalid attempts {got} but the fired faults were {fired}"
+    assert all(a["reward"] is None for a in attempts if a["verdict"] != "valid")
+    valid = sum(a["verdict"] == "valid" for a in attempts)
+    assert (run["valid_trajectories"], run["invalid_discarded"]) == (valid, len(attempts) - valid)
+    assert len(steps) == run["steps"], "one digest line per step"
+    for c in checkpoints:
+        upto = [a for a in attempts if a["step"] <= c["step"]]
+        assert c["valid_trajectories"] == sum(a["verdict"] == "valid" for a in upto)
+        assert file_manifest(run_dir / "checkpoints" / c["checkpoint"]) == c["files"]
+    folders = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert folders == sorted(c["checkpoint"] for c in checkpoints), "a checkpoint half-written"
+    assert not (run_dir / "journal").exists()
+    resumable = sum(k["resumable"] for k in kills)
+    assert len(run["restarts"]) == resumable, (run["restarts"], kills)
+    lost_file = run_dir / "lost.jsonl"
+    lost = len(lost_file.read_text().splitlines()) if lost_file.exists() else 0
+    assert run["lost_trajectories"] == lost == sum(r["lost_trajectories"] for r in run["restarts"])
+    return {
+        "attempts": len(attempts),
+        "valid": valid,
+        "faults_injected": sum(1 for n in plan if n < len(attempts)),
+        "faults_fired": len(fired),
+        "by_fault": {name: sum(1 for n in fired if plan[n] == name) for name in sorted(FAULTS)},
+        "kills": len(kills),
+        "restarts": len(run["restarts"]),
+        "lost_trajectories": lost,
+        "lost_s": run["lost_s"],
+        "downtime_s": run["downtime_s"],
+        "wall_clock_s": run["wall_clock_s"],
+        "checkpoints": len(checkpoints),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--valid", type=int, default=96, help="valid trajectories per arm")
+    p.add_argument("--fault-rate", type=float, default=0.1)
+    p.add_argument("--kills", type=int, default=3, help="kills per arm")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    root = args.out / "workflow"
+    if root.exists():
+        raise SystemExit(f"{root} exists; give an empty --out")
+    root.mkdir(parents=True)
+    exp = workflow_copy(root, args.valid).experiment_id
+    rng = random.Random(args.seed)
+    # Enough ordinals for the invalid attempts too; both arms get the same plan.
+    plan = fault_plan(args.fault_rate, 4 * args.valid, rng)
+    plan_file = root / "faults.json"
+    switches = {str(n): FAULTS[name][0] for n, name in plan.items()}
+    plan_file.write_text(json.dumps({"attempts": switches}))
+    env = {"ENVAB_FAULT_PLAN": str(plan_file)}
+    started = time.monotonic()
+    kills = {}
+    for arm in ARMS:
+        print(f"training {arm} under {len(plan)} planned faults, up to {args.kills} kills")
+        kills[arm] = train_with_kills(root, exp, arm, args.kills, env, rng)["kills"]
+    result = snakemake(root, env=env)  # evaluation, outcome, receipts
+    if result.returncode != 0:
+        raise SystemExit(f"the workflow did not finish:\n{result.stderr[-3000:]}")
+    verified = subprocess.run(
+        [sys.executable, "-m", "envab.verify", f"receipts/{exp}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    figures = {
+        arm: check_run(root / "results" / exp / arm / "seed1", plan, kills[arm]) for arm in ARMS
+    }
+    report = {
+        "valid_per_arm": args.valid,
+        "fault_rate": args.fault_rate,
+        "seed": args.seed,
+        "receipts_verify": verified.returncode == 0,
+        "seconds": time.monotonic() - started,
+        "arms": figures,
+    }
+    (args.out / "soak.json").write_text(json.dumps(report, indent=2))
+    for arm, f in figures.items():
+        print(
+            f"{arm}: {f['attempts']} attempts, {f['valid']} valid; faults {f['faults_fired']} "
+            f"fired of {f['faults_injected']} injected {f['by_fault']}, all accounted; "
+            f"{f['kills']} kills, {f['restarts']} restarts, {f['lost_trajectories']} lost "
+            f"({f['lost_s']:.1f} s counted), {f['downtime_s']:.1f} s down (not counted); "
+            f"{f['checkpoints']} checkpoints whole"
+        )
+    print(f"receipts verify: {report['receipts_verify']}; {report['seconds'] / 60:.1f} min")
+    return 0 if report["receipts_verify"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
