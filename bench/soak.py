@@ -3,8 +3,8 @@
     python bench/soak.py --out DIR [--valid 96] [--fault-rate 0.1] [--kills 3] [--seed 0]
 
 A copy of the workflow in DIR/workflow, both arms on the embedded host (`restore`: a restore per
-rollout; `drums`: a fork per group), tiny GRPO settings (2 prompts of 2 completions a step, one
-turn), a budget of --valid valid trajectories and a checkpoint every quarter of it. The fault plan
+rollout; `drums`: a fork per group), the default warm start, small GRPO steps (2 prompts of 2
+completions), a budget of --valid valid trajectories and a checkpoint every quarter of it. The fault plan
 puts a fault on each attempt with probability --fault-rate, drawn from --seed among the embedded
 host's switches (a killed worker, a stalled step, a blank screen, a gate no client knows, a
 corrupt restore, the verifier down); both arms get the same plan. Each arm's training is killed
@@ -67,10 +67,9 @@ def workflow_copy(root: Path, valid: int) -> Preregistration:
     config_path, target_path = root / "config.yaml", root / "preregistration" / "target.yaml"
     config = yaml.safe_load(config_path.read_text())
     config["arms"] = ARMS
-    config["training"]["sft"].update(steps=2, batch_size=4)
-    config["training"]["grpo"].update(
-        num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=24
-    )
+    # The default warm start, whose policy makes a tool call (a step fault needs an action to
+    # fail); small GRPO steps, so that a kill has many moments to land on.
+    config["training"]["grpo"].update(num_generations=2, prompts_per_step=2)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     target = yaml.safe_load(target_path.read_text())
     target["experiment_id"] = "soak"
@@ -144,6 +143,7 @@ def check_run(run_dir: Path, plan: dict[int, str], kills: list[dict]) -> dict:
         assert c["valid_trajectories"] == sum(a["verdict"] == "valid" for a in upto)
         assert file_manifest(run_dir / "checkpoints" / c["checkpoint"]) == c["files"]
     folders = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    folders.remove(".snakemake_timestamp")  # Snakemake's mark on a directory output
     assert folders == sorted(c["checkpoint"] for c in checkpoints), "a checkpoint half-written"
     assert not (run_dir / "journal").exists()
     resumable = sum(k["resumable"] for k in kills)
