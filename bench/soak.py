@@ -4,12 +4,12 @@
 
 A copy of the workflow in DIR/workflow, both arms on the embedded host (`restore`: a restore per
 rollout; `drums`: a fork per group), the default warm start, small GRPO steps (2 prompts of 2
-completions), a budget of --valid valid trajectories and a checkpoint every quarter of it. The fault plan
-puts a fault on each attempt with probability --fault-rate, drawn from --seed among the embedded
-host's switches (a killed worker, a stalled step, a blank screen, a gate no client knows, a
-corrupt restore, the verifier down); both arms get the same plan. Each arm's training is killed
-(SIGKILL) up to --kills times, at moments drawn from trainer/resume.py's MOMENTS, and resumed by
-running Snakemake again; then the workflow runs to its outcome.
+completions), a budget of --valid valid trajectories and a checkpoint every quarter of it. The
+fault plan puts a fault on each attempt with probability --fault-rate, drawn from --seed among
+the embedded host's switches (a killed worker, a stalled step, a blank screen, a gate no client
+knows, a corrupt restore, the verifier down); both arms get the same plan. Each arm's training is
+killed (SIGKILL) up to --kills times, at moments drawn from trainer/resume.py's MOMENTS, and
+resumed by running Snakemake again; then the workflow runs to its outcome.
 
 Checked for each arm: every injected fault that fired made exactly its attempt invalid with its
 own verdict and gate (a step fault fires only when the attempt sent an action), and nothing else
