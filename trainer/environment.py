@@ -123,6 +123,7 @@ class ArmEnvironment:
         if task is None:
             raise GuardError(f"task {task_id!r} is not in the training split")
         self._close_session()
+        moment("env_reset")
         start = self.run.groups.start(task)
         episode = Episode(task, start.session, start.fork_parent, start.env_seconds, utc_now())
         obs = start.session.observation

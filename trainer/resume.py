@@ -48,7 +48,7 @@ RECORDS = ("trajectories", "steps", "checkpoints")  # journal file stems, in Out
 # Tests and bench/soak.py: "<moment>:<n>[,...]" makes the run die (SIGKILL, as an out-of-memory
 # kill would) the n-th time this process reaches that moment.
 KILL_ENV = "ENVAB_KILL_AT"
-MOMENTS = ("generation", "env_step", "checkpoint_write", "resume_point", "step_end")
+MOMENTS = ("generation", "env_reset", "env_step", "checkpoint_write", "resume_point", "step_end")
 _reached: Counter = Counter()
 
 
