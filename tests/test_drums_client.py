@@ -177,16 +177,11 @@ def test_a_client_side_timeout_is_invalid_and_not_retried(fork_backend, token, t
         session.close()
 
 
-def _png_b64() -> str:
+def created() -> dict:
+    """A host's answer to create: a valid environment with a 4x4 screenshot."""
     png = io.BytesIO()
     Image.new("RGB", (4, 4), (1, 2, 3)).save(png, "PNG")
-    return base64.b64encode(png.getvalue()).decode()
-
-
-def test_a_quarantine_and_an_unknown_answer_keep_the_hosts_gate_names():
-    """409 names the gate that quarantined the environment; an answer with a verdict or gate
-    the client does not know is an environment failure that keeps what the host said."""
-    created = {
+    return {
         "env_id": "e1",
         "generation": 0,
         "valid": True,
@@ -194,18 +189,24 @@ def test_a_quarantine_and_an_unknown_answer_keep_the_hosts_gate_names():
         "failed_gates": [],
         "state_sha256": "0" * 64,
         "timings": {},
-        "screenshot_png": _png_b64(),
+        "screenshot_png": base64.b64encode(png.getvalue()).decode(),
     }
+
+
+def test_a_quarantine_and_an_unknown_answer_keep_the_hosts_gate_names():
+    """409 names the gate that quarantined the environment; an answer with a verdict or gate
+    the client does not know is an environment failure that keeps what the host said."""
+    new = created()
 
     def host(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/v1/envs":
-            return httpx.Response(201, json=created)
+            return httpx.Response(201, json=new)
         if path.endswith("/fork"):
             body = {"error": "environment e1 failed", "failed_gates": ["state_hash"]}
             return httpx.Response(409, json=body)
         if path.endswith("/step"):
-            body = {**created, "valid": False, "verdict": "sandbox_oom", "failed_gates": ["oom"]}
+            body = {**new, "valid": False, "verdict": "sandbox_oom", "failed_gates": ["oom"]}
             return httpx.Response(200, json={**body, "screenshot_png": None, "done": False})
         if path.endswith("/verify"):
             body = {"score": 1.0, "valid": True, "verdict": "lucky", "failed_gates": []}
@@ -226,24 +227,13 @@ def test_a_quarantine_and_an_unknown_answer_keep_the_hosts_gate_names():
 
 def test_retries_only_idempotent_calls():
     calls: Counter = Counter()
-    png = io.BytesIO()
-    Image.new("RGB", (4, 4), (1, 2, 3)).save(png, "PNG")
-    created = {
-        "env_id": "e1",
-        "generation": 0,
-        "valid": True,
-        "verdict": "valid",
-        "failed_gates": [],
-        "state_sha256": "0" * 64,
-        "timings": {},
-        "screenshot_png": base64.b64encode(png.getvalue()).decode(),
-    }
+    new = created()
 
     def host(request: httpx.Request) -> httpx.Response:
         key = (request.method, request.url.path)
         calls[key] += 1
         if key == ("POST", "/v1/envs"):
-            return httpx.Response(201, json=created)
+            return httpx.Response(201, json=new)
         raise httpx.ReadError("connection dropped mid-answer", request=request)
 
     backend = DrumsBackend(
