@@ -125,12 +125,19 @@ def verdict_for(failed_gates: tuple[str, ...] | list[str]) -> Verdict:
         return Verdict.ENV_FAILURE
 
 
-def known_verdict(verdict: str, failed_gates: tuple[str, ...] | list[str]) -> str:
-    """A verdict as reported by another process, kept when it is one of ours; otherwise the one
-    its failed gates give (an unknown verdict must not reach the counters as a new kind)."""
-    if verdict in set(Verdict):
-        return str(verdict)
-    return str(verdict_for(failed_gates) if failed_gates else Verdict.ENV_FAILURE)
+def reported(valid, verdict, failed_gates) -> tuple[bool, str, tuple[str, ...]]:
+    """(valid, verdict, failed_gates) as another process reported them, read safely: a verdict we
+    do not know becomes the one its gates give (environment failure without any), an answer that
+    contradicts itself (valid with a failed gate or an invalid verdict, invalid with the verdict
+    valid) is invalid, and the gates keep their own names. Nothing unknown reaches the counters."""
+    gates = tuple(str(g) for g in failed_gates or ())
+    verdict = str(verdict)
+    if verdict not in set(Verdict):
+        verdict = str(verdict_for(gates) if gates else Verdict.ENV_FAILURE)
+    valid = bool(valid) and verdict == Verdict.VALID and not gates
+    if not valid and verdict == Verdict.VALID:
+        verdict = str(Verdict.ENV_FAILURE)
+    return valid, verdict, gates
 
 
 def checked(checker, evaluator: Mapping, state: Mapping, audit: dict) -> Verification:
@@ -210,14 +217,10 @@ class Verification(Mapping):
     def from_dict(cls, d: Mapping) -> Verification:
         """Another process's answer (a host's JSON). One that names a verdict or gate we do not
         know, or contradicts itself, is an invalid episode whose audit keeps what was said."""
-        gates = tuple(str(g) for g in d.get("failed_gates") or ())
         audit = dict(d.get("audit") or {})
-        verdict = known_verdict(str(d["verdict"]), gates)
-        valid = bool(d["valid"]) and verdict == Verdict.VALID and not gates
-        if verdict != d["verdict"] or valid != bool(d["valid"]):
+        valid, verdict, gates = reported(d["valid"], d["verdict"], d.get("failed_gates"))
+        if (valid, verdict) != (bool(d["valid"]), d["verdict"]):
             audit["host_answer"] = {"verdict": d["verdict"], "valid": d["valid"]}
-            if not valid and verdict == Verdict.VALID:
-                verdict = str(Verdict.ENV_FAILURE)
         score = d.get("score")
         return cls(
             score=float(score) if valid and score is not None else None,

@@ -34,10 +34,9 @@ from envab.envs.protocol import (
     Gate,
     Observation,
     Session,
-    Verdict,
     Verification,
     check_action,
-    known_verdict,
+    reported,
     verdict_for,
 )
 
@@ -68,12 +67,8 @@ def _image(b64: str | None) -> Image.Image | None:
 
 def _observation(body: Mapping, screenshot: Image.Image | None, done: bool = False) -> Observation:
     """The host's observation; a verdict or gate this client has never seen is kept by name and
-    read as an environment failure (protocol.known_verdict), never a crash."""
-    gates = tuple(str(g) for g in body.get("failed_gates") or ())
-    verdict = known_verdict(str(body["verdict"]), gates)
-    valid = bool(body["valid"]) and verdict == Verdict.VALID and not gates
-    if not valid and verdict == Verdict.VALID:
-        verdict = str(Verdict.ENV_FAILURE)
+    read as an environment failure (protocol.reported), never a crash."""
+    valid, verdict, gates = reported(body["valid"], body["verdict"], body.get("failed_gates"))
     return Observation(
         generation=int(body["generation"]),
         screenshot=screenshot if valid else None,

@@ -141,8 +141,7 @@ class Worker:
         else:
             self.desktop = template  # this process's private copy-on-write copy
             if self.faults.get("corrupt_restore"):
-                blob = corrupt_snapshot(self.desktop_cls, self.desktop.snapshot())
-                self.desktop = self.desktop_cls.restore(blob)
+                self._corrupt()
         self.templates = {}
         t1 = time.perf_counter()
         self.desktop.setup(config)
@@ -157,9 +156,14 @@ class Worker:
         """A fork child's own fault switches (a fork never inherits its parent's)."""
         self.faults = dict(faults or {})
         if self.faults.get("corrupt_restore"):
-            blob = corrupt_snapshot(self.desktop_cls, self.desktop.snapshot())
-            self.desktop = self.desktop_cls.restore(blob)
+            self._corrupt()
         return {"state_sha256": self.desktop.state_hash()}
+
+    def _corrupt(self) -> None:
+        """The live desktop replaced by a dirty copy of itself (a restore in the wrong state)."""
+        self.desktop = self.desktop_cls.restore(
+            corrupt_snapshot(self.desktop_cls, self.desktop.snapshot())
+        )
 
     def op_step(self, action) -> dict:
         self.steps += 1
