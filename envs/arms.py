@@ -27,8 +27,9 @@ def open_arm(
 ) -> Iterator[Backend]:
     """The backend of `arm_config` for the block's length: a QEMU pool, a Drums host, or the
     embedded host started for the block (its output appended to `log_path`), wrapped by
-    envs/controls.py where the arm is a control. `allow_faults` turns
-    the embedded host's fault switches on (tests, reliability runs); no other host is asked to."""
+    envs/controls.py where the arm is a control. `allow_faults` turns the fault switches
+    (envs/faults.py) of the embedded host or the QEMU pool on (tests, reliability runs); no other
+    host is asked to."""
     arm = arm_settings(arm_config)
     if "control" in arm:
         with open_arm(
@@ -39,9 +40,7 @@ def open_arm(
             yield ControlBackend(backend, arm["control"])
         return
     if arm["backend"] == "qemu":
-        if allow_faults:
-            raise ArmError("fault injection is a switch of the embedded host, not of a VM pool")
-        with QemuPool(QemuConfig.from_arm(arm)) as pool:
+        with QemuPool(QemuConfig.from_arm(arm), allow_faults=allow_faults) as pool:
             yield pool
         return
     if allow_faults and arm["url"] != EMBEDDED:

@@ -20,7 +20,8 @@ Verdicts (the one place they are defined):
     valid                 every gate passed and the checker ran
     env_failure           the environment broke: worker died, set-up failed, host unreachable
     state_mismatch        contamination: the state after restore/fork is not the expected state
-    stale_generation      an action was chosen from an old screenshot (generation mismatch)
+    stale_generation      an action was chosen from an old screenshot (generation mismatch), or
+                          the screenshot shown was drawn before the last action (a stale display)
     timeout               a step or set-up took longer than its limit
     blank_screen          the screenshot was a single colour (a black or dead display)
     verifier_unavailable  the checker could not run (crashed, or the verifier was unreachable)
@@ -54,9 +55,11 @@ class Gate(StrEnum):
     SETUP = "setup"  # the task's set-up ran without error
     GENERATION = "generation"  # the action was chosen from the current screenshot
     WORKER_ALIVE = "worker_alive"  # the environment's process is alive and answering
+    SESSION_KNOWN = "session_known"  # the host still holds the environment (no restart lost it)
     HOST_REACHABLE = "host_reachable"  # the client reached the host (client side only)
     STEP_TIMEOUT = "step_timeout"  # the step (or set-up) finished within its limit
     SCREEN_NOT_BLANK = "screen_not_blank"  # the screenshot is not a single colour
+    SCREEN_CURRENT = "screen_current"  # the screenshot was drawn after the last action
     VERIFIER_AVAILABLE = "verifier_available"  # the checker ran and gave 0 or 1
 
 
@@ -65,9 +68,11 @@ GATE_VERDICT: dict[Gate, Verdict] = {
     Gate.SETUP: Verdict.ENV_FAILURE,
     Gate.GENERATION: Verdict.STALE_GENERATION,
     Gate.WORKER_ALIVE: Verdict.ENV_FAILURE,
+    Gate.SESSION_KNOWN: Verdict.ENV_FAILURE,
     Gate.HOST_REACHABLE: Verdict.ENV_FAILURE,
     Gate.STEP_TIMEOUT: Verdict.TIMEOUT,
     Gate.SCREEN_NOT_BLANK: Verdict.BLANK_SCREEN,
+    Gate.SCREEN_CURRENT: Verdict.STALE_GENERATION,
     Gate.VERIFIER_AVAILABLE: Verdict.VERIFIER_UNAVAILABLE,
 }
 

@@ -76,12 +76,6 @@ def test_a_drums_embedded_arm_opens_creates_and_verifies():
             True,
             "fault injection needs the embedded host (url: embedded)",
         ),
-        # No QEMU here: had the pool been started, this would be a missing tool, not ArmError.
-        (
-            {"backend": "qemu"},
-            True,
-            "fault injection is a switch of the embedded host, not of a VM pool",
-        ),
     ],
 )
 def test_a_wrong_arm_is_refused_with_one_line_before_anything_starts(arm, faults, message):

@@ -132,6 +132,7 @@ def test_stale_generation_is_invalid(fork_backend, taskset):
         ({"corrupt_restore": True}, "state_mismatch", "state_hash"),
         ({"kill_at_step": 1}, "env_failure", "worker_alive"),
         ({"blank_at_step": 1}, "blank_screen", "screen_not_blank"),
+        ({"stale_at_step": 1}, "stale_generation", "screen_current"),
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available"),
         # A gate this client has never heard of: an environment failure under its own name.
         ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor"),
@@ -292,6 +293,44 @@ def test_a_dead_host_gives_invalid_verdicts(token, taskset):
     session.close()  # harmless
     late = backend.create(task)
     assert (late.valid, late.observation.failed_gates) == (False, ("host_reachable",))
+
+
+@pytest.mark.parametrize("mode", ["restore", "fork"])
+def test_a_host_that_restarts_mid_step_loses_its_environments_and_comes_back(
+    token, taskset, tmp_path, mode
+):
+    """The host dies during one environment's step (as on a crash or reboot) and its supervisor
+    starts it again on the same socket: that step is host_reachable, every other environment it
+    held is session_known (the new host never heard of it), both env_failure; the next create is
+    served as if nothing happened."""
+    task, oracle = task_named(taskset, "click_button")
+    log = tmp_path / "host.log"
+    with (
+        serve_embedded(mode, token[1], allow_faults=True, log_path=log) as url,
+        DrumsBackend(url, token_file=token[1]) as backend,
+    ):
+        dying = backend.create(task, faults={"restart_host_at_step": 1})
+        bystander = backend.create(task)
+        assert dying.valid and bystander.valid
+        obs = dying.step(oracle[0])
+        assert (obs.valid, obs.verdict, obs.failed_gates) == (
+            False,
+            "env_failure",
+            ("host_reachable",),
+        )
+        obs = bystander.step(oracle[0])
+        assert (obs.valid, obs.verdict, obs.failed_gates) == (
+            False,
+            "env_failure",
+            ("session_known",),
+        )
+        for session in (dying, bystander):
+            v = session.verify()
+            assert (v.valid, v.score, v.verdict) == (False, None, "env_failure")
+        with backend.create(task) as fresh:
+            assert fresh.step(oracle[0]).valid and fresh.verify().score == 1.0
+    lines = log.read_text()
+    assert "2 environments lost" in lines and "starting it again (restart 1)" in lines
 
 
 def test_a_refused_action_is_the_protocols_action_rejected_with_the_hosts_line(

@@ -202,6 +202,7 @@ def test_stale_generation_is_invalid_and_quarantines(fork_api, taskset):
         ({"kill_at_step": 1}, "env_failure", "worker_alive", False),
         ({"stall_at_step": 1}, "timeout", "step_timeout", False),
         ({"blank_at_step": 1}, "blank_screen", "screen_not_blank", False),
+        ({"stale_at_step": 1}, "stale_generation", "screen_current", False),
         ({"verifier_unavailable": True}, "verifier_unavailable", "verifier_available", None),
         ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor", False),
     ],

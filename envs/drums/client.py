@@ -221,7 +221,9 @@ class DrumsBackend(Backend):
         where = f"{method} {path}"
         if r.status_code == 401:
             raise DrumsError(f"{where}: the host refused the token (401)")
-        if r.status_code in (404, 409):  # gone, or quarantined by the host (which says by what)
+        if r.status_code == 404:  # the host no longer holds it (it restarted, or closed it)
+            raise _Unreachable(Gate.SESSION_KNOWN, f"{where}: {message}")
+        if r.status_code == 409:  # quarantined by the host, which says by which gates
             gates = body.get("failed_gates") if isinstance(body, dict) else None
             gate = str(gates[0]) if isinstance(gates, list) and gates else Gate.WORKER_ALIVE
             raise _Unreachable(gate, f"{where}: {message}")

@@ -38,9 +38,17 @@ Semantics:
 
 Fault injection (only with --allow-faults), in the create request's `faults` object, or per
 child in a fork request's `faults` list (a child never inherits its parent's):
-`kill_at_step`, `stall_at_step`, `blank_at_step`, `unknown_gate_at_step` (the environment's step
-count from 1, a fork child counting on from its parent's; the last reports a gate no client
-knows, as a newer host would), `corrupt_restore`, `verifier_unavailable` (booleans).
+`kill_at_step`, `stall_at_step`, `blank_at_step`, `stale_at_step` (the screenshot from before the
+action), `unknown_gate_at_step` (a gate no client knows, as a newer host would report),
+`restart_host_at_step` (the host process dies mid-step, losing every environment; the embedded
+host's supervisor starts it again on the same socket) — each at the environment's step count from
+1, a fork child counting on from its parent's — and `corrupt_restore`, `verifier_unavailable`
+(booleans).
+
+Every step's screenshot carries the frame number its worker drew it at; a frame that is not the
+step's fails gate `screen_current` (a display that stopped updating). A request for an
+environment the host does not hold (it restarted since) gets 404, which a client reads as gate
+`session_known`.
 """
 
 __all__ = ["Faults", "HostConfig", "Pool", "serve_embedded", "write_token_file"]
@@ -52,7 +60,11 @@ def __getattr__(name: str):
         from envab.envs.host import embedded
 
         return getattr(embedded, name)
-    if name in ("Faults", "HostConfig", "Pool"):
+    if name == "Faults":
+        from envab.envs.faults import Faults
+
+        return Faults
+    if name in ("HostConfig", "Pool"):
         from envab.envs.host import pool
 
         return getattr(pool, name)

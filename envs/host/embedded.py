@@ -9,13 +9,16 @@ channel closes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import queue
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -54,11 +57,15 @@ def serve_embedded(
     log_path: str | Path | None = None,
     startup_timeout_s: float = 60.0,
     extra_args: Sequence[str] = (),
+    max_restarts: int = 10,
 ) -> Iterator[str]:
     """Run `python -m envab.envs.host` on 127.0.0.1; yield its base URL; stop it on exit.
 
     Host output goes to `log_path` (appended) or is discarded. Raises RuntimeError with the
-    log's last lines when the host does not come up healthy within `startup_timeout_s`.
+    log's last lines when the host does not come up healthy within `startup_timeout_s`. A host
+    that dies while in use is started again on the same socket (as a service manager would),
+    up to `max_restarts` times; requests made meanwhile wait in the socket's queue, and the new
+    host answers 404 for the environments the old one held.
     """
     token = host_token(token_file)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -83,25 +90,91 @@ def serve_embedded(
     if allow_faults:
         cmd.append("--allow-faults")
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    supervisor = _Supervisor(cmd, listener, log, max_restarts)
     try:
-        proc = subprocess.Popen(
-            cmd,
-            pass_fds=[listener.fileno()],
-            stdout=log,
+        proc = supervisor.launch()
+        _wait_healthy(url, token, proc, startup_timeout_s, log_path)
+        supervisor.watch()
+        yield url
+    finally:
+        supervisor.stop()
+        listener.close()
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+class _Supervisor(threading.Thread):
+    """Starts the host and starts it again when it dies before `stop()`. Every start happens on
+    this one thread, so the parent-death signal (tied to the starting thread) fires only when
+    the job itself goes."""
+
+    def __init__(self, cmd: list[str], listener: socket.socket, log, max_restarts: int):
+        super().__init__(name="embedded-host", daemon=True)
+        self.cmd, self.listener, self.log, self.max_restarts = cmd, listener, log, max_restarts
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._requests: queue.Queue = queue.Queue()
+        self._launched: queue.Queue = queue.Queue()
+
+    def launch(self) -> subprocess.Popen:
+        """Start the thread, which starts the host; the host's process."""
+        super().start()
+        launched = self._launched.get()
+        if isinstance(launched, BaseException):
+            raise launched
+        return launched
+
+    def watch(self) -> None:
+        """From now on, a host that dies is started again."""
+        self._requests.put("watch")
+
+    def run(self) -> None:
+        try:
+            self.proc = self._popen()
+        except OSError as e:
+            self._launched.put(e)
+            return
+        self._launched.put(self.proc)
+        if self._requests.get() != "watch":
+            return
+        while not self._stopping.wait(0.2):
+            if self.proc.poll() is None:
+                continue
+            if self.restarts >= self.max_restarts:
+                self._write(f"embedded host exited with {self.proc.returncode}; "
+                            f"{self.restarts} restarts already, giving up\n")  # fmt: skip
+                with contextlib.suppress(OSError):
+                    self.listener.shutdown(socket.SHUT_RDWR)  # refuse rather than hang clients
+                return
+            self.restarts += 1
+            self._write(f"embedded host exited with {self.proc.returncode}; "
+                        f"starting it again (restart {self.restarts})\n")  # fmt: skip
+            self.proc = self._popen()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._requests.put("stop")
+        if self.is_alive():
+            self.join(timeout=5)
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def _popen(self) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return subprocess.Popen(
+            self.cmd,
+            pass_fds=[self.listener.fileno()],
+            stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
             preexec_fn=_die_with_parent,
         )
-    finally:
-        listener.close()
-    try:
-        _wait_healthy(url, token, proc, startup_timeout_s, log_path)
-        yield url
-    finally:
-        _stop(proc)
-        if log is not subprocess.DEVNULL:
-            log.close()
+
+    def _write(self, line: str) -> None:
+        if self.log is not subprocess.DEVNULL:
+            self.log.write(line.encode())
+            self.log.flush()
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -23,11 +23,12 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
 
+from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
 from envab.envs.host.worker import load_object
 from envab.envs.protocol import (
@@ -62,9 +63,6 @@ class FaultsDisabled(PermissionError):
     """Fault injection was asked for but the host was not started with --allow-faults (403)."""
 
 
-UNKNOWN_GATE = "display_compositor"  # the gate `unknown_gate_at_step` reports: no client knows it
-
-
 class Quarantined(RuntimeError):
     """The environment failed a gate and cannot be forked (HTTP 409, naming the gates)."""
 
@@ -89,49 +87,6 @@ class HostConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
-
-
-@dataclass(frozen=True)
-class Faults:
-    """Fault injection switches for one environment (tests and reliability runs only)."""
-
-    kill_at_step: int | None = None  # the worker process dies on this step (SIGKILL)
-    stall_at_step: int | None = None  # the worker hangs on this step (past the step timeout)
-    blank_at_step: int | None = None  # this step's screenshot is a single colour
-    corrupt_restore: bool = False  # the environment is built from a dirty snapshot
-    verifier_unavailable: bool = False  # verify cannot reach the checker
-    # After this step the host reports a gate its clients have never heard of (a newer host's).
-    unknown_gate_at_step: int | None = None
-
-    @classmethod
-    def parse(cls, d: Mapping | None) -> Faults:
-        if not d:
-            return cls()
-        if not isinstance(d, Mapping):
-            raise BadRequest("faults must be an object")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise BadRequest(f"unknown faults {unknown}; known: {sorted(known)}")
-        for name, value in d.items():
-            if name.endswith("_at_step"):
-                ok = value is None or (type(value) is int and value >= 1)
-                if not ok:
-                    raise BadRequest(f"fault {name} must be a step number from 1, got {value!r}")
-            elif not isinstance(value, bool):
-                raise BadRequest(f"fault {name} must be true or false, got {value!r}")
-        return cls(**d)
-
-    def any(self) -> bool:
-        return self != Faults()
-
-    def for_worker(self) -> dict:
-        return {
-            "kill_at_step": self.kill_at_step,
-            "stall_at_step": self.stall_at_step,
-            "blank_at_step": self.blank_at_step,
-            "corrupt_restore": self.corrupt_restore,
-        }
 
 
 @dataclass
@@ -177,6 +132,13 @@ def check_task(task: Any) -> dict:
     if not isinstance(expected, str) or len(expected) != 64:
         raise BadRequest(f"task {task['id']}: evaluator.initial_state_sha256 is missing")
     return dict(task)
+
+
+def _faults(d: Any) -> Faults:
+    try:
+        return Faults.parse(d)
+    except FaultError as e:
+        raise BadRequest(str(e)) from None
 
 
 def b64_png(png: bytes | None) -> str | None:
@@ -243,7 +205,7 @@ class Pool:
 
     def create(self, task: Any, faults: Mapping | None = None) -> dict:
         task = check_task(task)
-        armed = Faults.parse(faults)
+        armed = _faults(faults)
         if armed.any() and not self.config.allow_faults:
             raise FaultsDisabled("fault injection is off (start the host with --allow-faults)")
         if len(self._envs) >= self.config.max_envs:
@@ -306,7 +268,7 @@ class Pool:
             raise BadRequest(f"n must be an integer 1..64, got {n!r}")
         if faults is not None and (not isinstance(faults, list) or len(faults) != n):
             raise BadRequest(f"faults must be a list of {n} fault objects, one per child")
-        armed = [Faults.parse(f) for f in faults or [None] * n]
+        armed = [_faults(f) for f in faults or [None] * n]
         if any(a.any() for a in armed) and not self.config.allow_faults:
             raise FaultsDisabled("fault injection is off (start the host with --allow-faults)")
         if len(self._envs) + n > self.config.max_envs:
@@ -369,6 +331,8 @@ class Pool:
             png = None
             if not env.quarantined and generation != env.generation:
                 self._quarantine(env, Gate.GENERATION)
+            if not env.quarantined and env.steps + 1 == env.faults.restart_host_at_step:
+                self._die(env)
             if not env.quarantined:
                 reply = self._call(
                     env, ("step", action), self.config.step_timeout_s, Gate.WORKER_ALIVE
@@ -380,7 +344,9 @@ class Pool:
                     env.generation += 1
                     env.state_sha256 = reply["state_sha256"]
                     png = reply["screenshot"]
-                    if self._blank(png):
+                    if reply.get("frame") != env.steps:
+                        self._quarantine(env, Gate.SCREEN_CURRENT)
+                    elif self._blank(png):
                         self._quarantine(env, Gate.SCREEN_NOT_BLANK)
                     elif env.steps == env.faults.unknown_gate_at_step:
                         self._quarantine(env, UNKNOWN_GATE)
@@ -392,6 +358,17 @@ class Pool:
             "screenshot_png": b64_png(None if env.quarantined else png),
             "timings": {"step_s": time.perf_counter() - t0},
         }
+
+    def _die(self, env: Environment) -> None:
+        """The host process dies mid-step (fault restart_host_at_step), as on a crash or a reboot:
+        no answer, every environment lost with it. Whoever supervises the host starts it again."""
+        with self._envs_lock:
+            lost = sorted(self._envs)
+        log.error("fault: the host dies at step %d of %s; %d environments lost: %s",
+                  env.steps + 1, env.env_id, len(lost), " ".join(lost))  # fmt: skip
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def verify(self, env_id: str) -> dict:
         env = self._get(env_id)

@@ -10,8 +10,10 @@ environment pays for an interpreter start. What a new worker does next is the ar
   set-up runs on it. A running worker forks into n children (`os.fork`) in exactly its state.
 
 Fault injection (armed by the host, which refuses it unless started with --allow-faults) lives
-here, where a real failure would happen: the process dies, stalls, restores a corrupt snapshot or
-paints a blank screen.
+here, where a real failure would happen: the process dies, stalls, restores a corrupt snapshot,
+paints a blank screen or shows the frame from before the action (a display that stopped updating).
+Every screenshot carries its frame number (the step it was drawn after), as a display's frame
+counter would, so that the host can tell a stale one from a current one.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Worker:
         self.desktop = None
         self.faults: dict = {}
         self.steps = 0
+        self.shown: tuple[bytes, int] | None = None  # the last screenshot sent, and its frame
         # zygote only: screen size -> prepared desktop (fork mode) or its snapshot (restore mode)
         self.templates: dict[tuple[int, int], object] = {}
 
@@ -146,9 +149,10 @@ class Worker:
         t1 = time.perf_counter()
         self.desktop.setup(config)
         t2 = time.perf_counter()
+        self.shown = (png_bytes(self.desktop.screenshot()), self.steps)
         return {
             "state_sha256": self.desktop.state_hash(),
-            "screenshot": png_bytes(self.desktop.screenshot()),
+            "screenshot": self.shown[0],
             "timings": {"restore_s": t1 - t0, "setup_s": t2 - t1},
         }
 
@@ -176,10 +180,15 @@ class Worker:
         except ValueError as e:  # the policy's mistake (off-screen, after DONE): state unchanged
             self.steps -= 1
             return {"rejected": str(e).splitlines()[0]}
+        state = self.desktop.state_hash()
+        if self.faults.get("stale_at_step") == self.steps and self.shown is not None:
+            png, frame = self.shown  # the display never drew this step's frame
+            return {"screenshot": png, "frame": frame, "state_sha256": state}
         image = self.desktop.screenshot()
         if self.faults.get("blank_at_step") == self.steps:
             image = Image.new("RGB", image.size)
-        return {"screenshot": png_bytes(image), "state_sha256": self.desktop.state_hash()}
+        self.shown = (png_bytes(image), self.steps)
+        return {"screenshot": self.shown[0], "frame": self.steps, "state_sha256": state}
 
     def op_state(self) -> dict:
         return {"state": self.desktop.state(), "state_sha256": self.desktop.state_hash()}

@@ -12,13 +12,21 @@ timeout, screen not blank, verifier available. The first failure makes the episo
 that gate; the VM goes back to the pool and is restored again by the next create, or replaced
 (a fresh QEMU from a fresh copy of the snapshot) when it died or stopped answering. This arm
 cannot fork: a GRPO group is G restores.
+
+Fault switches (envs/faults.py; a pool made with allow_faults=True) act on the VM where they can:
+a killed or stopped (SIGSTOP) QEMU process, a restored desktop dirtied before its hello; the
+display's faults (a blank screen, a frame that never updates) replace what the screendump read,
+and the verifier's and the unknown gate are answered by the pool. No host restart: the pool runs
+inside the trainer, so its restart is a kill of the trainer (trainer/resume.py).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -32,6 +40,7 @@ from PIL import Image
 from envab.envs.arm_schema import QEMU_DEFAULTS, ArmError, arm_settings
 from envab.envs.desktop import screen_of
 from envab.envs.desktop.actions import parse_action
+from envab.envs.faults import UNKNOWN_GATE, Faults
 from envab.envs.protocol import (
     TERMINAL_ACTIONS,
     Backend,
@@ -135,8 +144,16 @@ class PooledVM:
 
 
 class QemuSession(Session):
-    def __init__(self, pool: QemuPool, slot: PooledVM, task: Mapping, env_id: str):
+    def __init__(
+        self,
+        pool: QemuPool,
+        slot: PooledVM,
+        task: Mapping,
+        env_id: str,
+        faults: Faults | None = None,
+    ):
         self.pool, self.slot, self.task, self.env_id = pool, slot, task, env_id
+        self.faults = faults or Faults()
         self.vm_name = slot.name
         self.failed_gates: list[str] = []
         self.failure: str | None = None  # why the first gate failed, for the audit
@@ -145,6 +162,7 @@ class QemuSession(Session):
         self.timings: dict[str, float | list[float]] = {"step_s": []}
         self.screen = tuple(screen_of(task["config"]))
         self.fb = (0, 0)
+        self._shown: Image.Image | None = None  # the last whole screendump that was current
         self.state_sha256: str | None = None
         self.observation = Observation(0, None)
         try:
@@ -166,6 +184,8 @@ class QemuSession(Session):
         with self._gated(Gate.WORKER_ALIVE):
             vm.loadvm("warm", timeout=_left(deadline))
             t1 = time.perf_counter()
+            if self.faults.corrupt_restore:  # the restored desktop used before it is handed out
+                vm.call("setup", timeout=_left(deadline), config=self.task["config"])
             hello = vm.call("hello", timeout=_left(deadline))
         if hello["state_sha256"] != self.pool.guest.blank_state_sha256:
             raise GateFailed(Gate.STATE_HASH, "the restored desktop is not the blank one")
@@ -178,7 +198,7 @@ class QemuSession(Session):
         self.state_sha256 = reply["state_sha256"]
         if self.state_sha256 != self.task["evaluator"]["initial_state_sha256"]:
             raise GateFailed(Gate.STATE_HASH, "state after restore and set-up is not the task's")
-        shot = self._screen(reply["frame_sha256"], deadline)
+        shot = self._screen(reply, deadline)
         self.timings.update(loadvm_s=t1 - t0, setup_s=t2 - t1, create_s=time.perf_counter() - t0)
         return shot
 
@@ -198,6 +218,12 @@ class QemuSession(Session):
         vm = self.slot.vm
         deadline = time.monotonic() + self.pool.config.step_timeout_s
         t0 = time.perf_counter()
+        n = self.steps + 1  # this step's number, as the fault switches count
+        if self.faults.at("kill", n):
+            vm.proc.kill()
+            vm.proc.wait()
+        if self.faults.at("stall", n):
+            os.kill(vm.proc.pid, signal.SIGSTOP)  # QEMU stops answering anything
         try:
             with self._gated(Gate.WORKER_ALIVE):
                 for batch in framed.batches:
@@ -208,9 +234,14 @@ class QemuSession(Session):
             read = parse_action(reply["action"], *self.screen)
             if read != parsed:  # the virtual devices delivered something else
                 raise GateFailed(Gate.WORKER_ALIVE, f"the guest read {read} for {parsed}")
-            shot = self._screen(reply["frame_sha256"], deadline)
+            display = "blank" if self.faults.at("blank", n) else None
+            display = "stale" if self.faults.at("stale", n) else display
+            shot = self._screen(reply, deadline, display)
         except GateFailed as e:
             return self._fail(e.gate, self.generation, str(e))
+        if self.faults.at("unknown_gate", n):
+            self.steps += 1
+            return self._fail(UNKNOWN_GATE, self.generation + 1, "the pool reports a new gate")
         self.timings["step_s"].append(time.perf_counter() - t0)
         self.steps += 1
         self.status = reply["status"]
@@ -236,6 +267,10 @@ class QemuSession(Session):
         if self.failed_gates:
             return Verification.invalid(self.failed_gates, failure=self.failure, **audit)
         self._open()
+        if self.faults.verifier_unavailable:
+            return Verification.invalid(
+                [Gate.VERIFIER_AVAILABLE], failure="the verifier is unreachable", **audit
+            )
         try:
             with self._gated(Gate.WORKER_ALIVE):
                 reply = self.slot.vm.call("state", timeout=self.pool.config.step_timeout_s)
@@ -252,29 +287,41 @@ class QemuSession(Session):
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _screen(self, frame_sha256: str, deadline: float) -> Image.Image:
-        """Screendump until the display shows the frame the agent drew (it may lag a little)."""
+    def _screen(self, drawn: Mapping, deadline: float, fault: str | None = None) -> Image.Image:
+        """Screendump until the display shows the frame the agent drew: its picture and its frame
+        number (it may lag a little); a display that never does is stale. `fault` (blank, stale)
+        replaces what the screendump read, as a dead or frozen display would."""
         w, h = self.screen
-        deadline = min(deadline, time.monotonic() + self.pool.config.screen_wait_s)
+        # Patience for the display is not the monitor's deadline: the last screendump of a wait
+        # that ran out still gets the step's time, so a wrong screen is never read as a timeout.
+        patience = min(deadline, time.monotonic() + self.pool.config.screen_wait_s)
         with self._gated(Gate.WORKER_ALIVE):
             while True:
-                shot = self.slot.vm.screendump(_left(deadline)).crop((0, 0, w, h))
-                shot = shot.convert("RGB")
-                if sha256_bytes(shot.tobytes()) == frame_sha256:
+                dump = self.slot.vm.screendump(_left(deadline)).convert("RGB")
+                if fault == "blank":
+                    dump = Image.new("RGB", dump.size)
+                elif fault == "stale" and self._shown is not None:
+                    dump = self._shown
+                shot = dump.crop((0, 0, w, h))
+                if (
+                    sha256_bytes(shot.tobytes()) == drawn["frame_sha256"]
+                    and frame_number(dump, h) == drawn["frame"]
+                ):
                     break
-                if time.monotonic() > deadline:
+                if time.monotonic() > patience:
                     if is_blank(shot):
                         raise GateFailed(Gate.SCREEN_NOT_BLANK, "the screen is one colour")
-                    raise GateFailed(Gate.STEP_TIMEOUT, "the screen never showed the frame")
+                    raise GateFailed(Gate.SCREEN_CURRENT, "the screen never showed the frame")
                 time.sleep(SCREEN_POLL_S)
         if is_blank(shot):
             raise GateFailed(Gate.SCREEN_NOT_BLANK, "the screen is one colour")
+        self._shown = dump
         return shot
 
     def _gated(self, gate: Gate):
         return _Gated(self, gate)
 
-    def _fail(self, gate: Gate, generation: int, reason: str) -> Observation:
+    def _fail(self, gate: str, generation: int, reason: str) -> Observation:
         self.failed_gates.append(str(gate))
         self.failure = reason
         log.warning("%s (%s): gate %s failed: %s", self.env_id, self.vm_name, gate, reason)
@@ -314,6 +361,12 @@ class _Gated:
         return False
 
 
+def frame_number(dump: Image.Image, row: int) -> int:
+    """The frame counter the guest agent draws under the desktop: 32 pixels, white for a 1."""
+    pixels = dump.crop((0, row, 32, row + 1)).tobytes()[::3]
+    return sum(1 << i for i, value in enumerate(pixels) if value > 127)
+
+
 def _left(deadline: float) -> float:
     return max(0.001, deadline - time.monotonic())
 
@@ -328,8 +381,15 @@ class QemuPool(Backend):
 
     can_fork = False
 
-    def __init__(self, config: QemuConfig = QemuConfig(), guest: GuestRecord | None = None):
+    def __init__(
+        self,
+        config: QemuConfig = QemuConfig(),
+        guest: GuestRecord | None = None,
+        *,
+        allow_faults: bool = False,
+    ):
         self.config = config
+        self.allow_faults = allow_faults
         if guest is None:
             image = ImageConfig(
                 cache=config.cache, memory_mib=config.memory_mib, accel=config.accel
@@ -356,16 +416,24 @@ class QemuPool(Backend):
         for slot in self.slots:
             self._free.put(slot)
 
-    def create(self, task: Mapping) -> QemuSession:
+    def create(self, task: Mapping, *, faults: Mapping | None = None) -> QemuSession:
         for key in ("id", "config", "evaluator"):
             if key not in task:
                 raise ValueError(f"task has no {key!r}")
         screen_of(task["config"])  # a task without a screen step is the caller's error
+        armed = Faults.parse(faults)
+        if armed.any() and not self.allow_faults:
+            raise ValueError("fault injection is off (make the pool with allow_faults=True)")
+        if armed.restart_host_at_step is not None:
+            raise ValueError(
+                "restart_host_at_step: the QEMU pool runs inside the trainer, whose restart is a "
+                "kill of the trainer (ENVAB_KILL_AT, trainer/resume.py)"
+            )
         slot = self._acquire()
         with self._lock:
             self._count += 1
             env_id = f"qemu-{slot.name}-{self._count}"
-        return QemuSession(self, slot, task, env_id)
+        return QemuSession(self, slot, task, env_id, armed)
 
     def _acquire(self) -> PooledVM:
         """A free VM; a new one (launched by the session) while fewer than max_vms exist."""

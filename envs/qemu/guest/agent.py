@@ -8,10 +8,14 @@ frames them: "the next action is a CLICK made of 2 clicks" or "TYPING of 5 keys"
 computer_13 action (TYPING "abc") is several input events, and the desktop's clock ticks once
 per action, not per key.
 
+Every drawing also writes its frame number, 32 bits as white or black pixels in the row below the
+desktop, as a display's frame counter: the host can tell a screen that stopped updating from one
+whose picture did not change.
+
 Requests, each with an "id" that the reply repeats:
-    hello                       -> state_sha256, screen, fb, pid, boot_id
-    setup {config}              -> state_sha256, frame_sha256
-    act {kind, n[, at]}         -> state_sha256, frame_sha256, status | rejected
+    hello                       -> state_sha256, screen, fb, frame_sha256, frame, pid, boot_id
+    setup {config}              -> state_sha256, frame_sha256, frame
+    act {kind, n[, at]}         -> state_sha256, frame_sha256, frame, status | rejected
     state                       -> state, state_sha256
     settle                      -> ok (sync and drop caches: a smaller warm snapshot)
 Any failure answers {"error": "..."}.
@@ -75,15 +79,20 @@ class Framebuffer:
         self.stride = int((sys_fb / "stride").read_text())
         self.fd = os.open("/dev/fb0", os.O_RDWR)
         os.pwrite(self.fd, bytes(self.stride * self.height), 0)  # black around the desktop
+        self.frames = 0  # drawings so far: the frame counter under the desktop
 
     def draw(self, image) -> str:
-        """Write the image's rows; return the sha256 of its RGB bytes (what the host must see)."""
+        """Write the image's rows and the next frame number under them; return the sha256 of the
+        image's RGB bytes (what the host must see)."""
         rgb = image.convert("RGB")
         w, h = rgb.size
         bgrx = rgb.tobytes("raw", "BGRX")
         row = 4 * w
         for y in range(h):
             os.pwrite(self.fd, bgrx[y * row : (y + 1) * row], y * self.stride)
+        self.frames += 1
+        bits = b"".join(b"\xff" * 4 if self.frames >> i & 1 else bytes(4) for i in range(32))
+        os.pwrite(self.fd, bits, h * self.stride)
         return hashlib.sha256(rgb.tobytes()).hexdigest()
 
 
@@ -269,6 +278,7 @@ class Agent:
             "screen": list(SCREEN),
             "fb": [self.fb.width, self.fb.height],
             "frame_sha256": self.frame,
+            "frame": self.fb.frames,
             "pid": os.getpid(),
             "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
         }
@@ -276,7 +286,11 @@ class Agent:
     def op_setup(self, request: dict) -> dict:
         self.desktop.setup(request["config"])
         self.frame = self.fb.draw(self.desktop.screenshot())
-        return {"state_sha256": self.desktop.state_hash(), "frame_sha256": self.frame}
+        return {
+            "state_sha256": self.desktop.state_hash(),
+            "frame_sha256": self.frame,
+            "frame": self.fb.frames,
+        }
 
     def op_act(self, request: dict) -> dict:
         n = int(request["n"])
@@ -299,6 +313,7 @@ class Agent:
         return {
             "state_sha256": self.desktop.state_hash(),
             "frame_sha256": self.frame,
+            "frame": self.fb.frames,
             "status": self.desktop.state()["status"],
             "action": action,
         }
