@@ -2,21 +2,25 @@
 
     python bench/soak.py --out DIR [--valid 96] [--fault-rate 0.1] [--kills 3] [--seed 0]
 
-A copy of the workflow in DIR/workflow, both arms on the embedded host (`restore`: a restore per
-rollout; `drums`: a fork per group), the default warm start, small GRPO steps (2 prompts of 2
-completions), a budget of --valid valid trajectories and a checkpoint every quarter of it. The
-fault plan puts a fault on each attempt with probability --fault-rate, drawn from --seed among
-the embedded host's switches (a killed worker, a stalled step, a blank screen, a gate no client
-knows, a corrupt restore, the verifier down); both arms get the same plan. Each arm's training is
-killed (SIGKILL) up to --kills times, at moments drawn from trainer/resume.py's MOMENTS, and
-resumed by running Snakemake again; then the workflow runs to its outcome.
+A copy of the workflow in DIR/workflow with the A/B's two arms (`qemu`: the QEMU warm-snapshot
+pool, a restore per rollout; `drums`: the embedded host, a fork per group), the default warm
+start, small GRPO steps (2 prompts of 2 completions), a budget of --valid valid trajectories and
+a checkpoint every quarter of it. The fault plan puts a fault on each attempt with probability
+--fault-rate, drawn from --seed among the switches of envs/faults.py (a killed environment, a
+stalled step, a blank or stale screen, a gate no client knows, a host that dies mid-step and is
+started again, a corrupt restore, the verifier down); both arms get the same plan, except the
+host restart, which the QEMU arm has no host process for (its pool runs inside the trainer, whose
+kills are below). Each arm's training is killed (SIGKILL) up to --kills times, at moments drawn
+from trainer/resume.py's MOMENTS, and resumed by running Snakemake again; then the workflow runs
+to its outcome.
 
 Checked for each arm: every injected fault that fired made exactly its attempt invalid with its
-own verdict and gate (a step fault fires only when the attempt sent an action), and nothing else
-is invalid; run.json's counters equal the records'; each checkpoint's counters equal the attempts
-up to its step, its folder matches its digests and nothing half-written is left; one restart line
-per kill survived, the lost attempts in lost.jsonl as many as those lines say; one digest line per
-step; and the receipts verify. Writes DIR/soak.json and prints the figures.
+own verdict and gate (a step fault fires when the environment accepted an action of the attempt),
+a host restart also every other environment the host held then (named in the host's log), and
+nothing else is invalid; run.json's counters equal the records'; each checkpoint's counters equal
+the attempts up to its step, its folder matches its digests and nothing half-written is left; one
+restart line per kill survived, the lost attempts in lost.jsonl as many as those lines say; one
+digest line per step; and the receipts verify. Writes DIR/soak.json and prints the figures.
 """
 
 from __future__ import annotations
@@ -41,19 +45,32 @@ REPO = Path(__file__).resolve().parent.parent
 WORKFLOW = ["Snakefile", "config.yaml", "environment.yaml", "rules", "schemas", "preregistration",
             "report", "envab", "envs", "trainer", "eval", "analysis"]  # fmt: skip
 ARMS = {
-    "restore": {"backend": "drums", "url": "embedded", "mode": "restore"},
+    # A step resets its whole batch (2 x 2 sessions) before generating: 4 VMs at most.
+    "qemu": {
+        "backend": "qemu",
+        "vms": 2,
+        "max_vms": 4,
+        "step_timeout_s": 5.0,
+        "cache": str(REPO / "build" / "qemu"),
+    },  # the checkout's guest, built once
     "drums": {"backend": "drums", "url": "embedded", "mode": "fork"},
 }
-# The host's switch, the verdict and gate it must give, and whether it fires only on an action.
+# The switch, the verdict and gate it must give, and whether it fires only on an accepted action.
 FAULTS = {
     "kill_at_step": ({"kill_at_step": 1}, "env_failure", "worker_alive", True),
     "stall_at_step": ({"stall_at_step": 1}, "timeout", "step_timeout", True),
     "blank_at_step": ({"blank_at_step": 1}, "blank_screen", "screen_not_blank", True),
+    "stale_at_step": ({"stale_at_step": 1}, "stale_generation", "screen_current", True),
     "unknown_gate": ({"unknown_gate_at_step": 1}, "env_failure", "display_compositor", True),
+    "host_restart": ({"restart_host_at_step": 1}, "env_failure", "host_reachable", True),
     "corrupt_restore": ({"corrupt_restore": True}, "state_mismatch", "state_hash", False),
     "verifier_down": ({"verifier_unavailable": True}, "verifier_unavailable",
                       "verifier_available", False),
 }  # fmt: skip
+HOST_ONLY = {"host_restart"}  # faults the QEMU arm has no place for
+# What the other environments a dying host held end with: the new host never heard of them, or
+# the request met the old host's closed connection.
+LOST_WITH_HOST = ("env_failure", {"session_known", "host_reachable"})
 
 
 def workflow_copy(root: Path, valid: int) -> Preregistration:
@@ -76,7 +93,7 @@ def workflow_copy(root: Path, valid: int) -> Preregistration:
     target["arms"] = list(ARMS)
     target["prices"]["host_usd_per_hour"] = {arm: 0.10 for arm in ARMS}
     target["budget"].update(max_wall_clock_s=3600, max_valid_trajectories=valid)
-    target["evaluation"].update(backend="restore", seeds=[0], checkpoint_interval=valid // 4)
+    target["evaluation"].update(backend="drums", seeds=[0], checkpoint_interval=valid // 4)
     for key in ("controls", "confirmation"):
         target.pop(key, None)
     target_path.write_text(yaml.safe_dump(target, sort_keys=False))
@@ -85,6 +102,27 @@ def workflow_copy(root: Path, valid: int) -> Preregistration:
 
 def fault_plan(rate: float, attempts: int, rng: random.Random) -> dict[int, str]:
     return {n: rng.choice(sorted(FAULTS)) for n in range(attempts) if rng.random() < rate}
+
+
+def arm_plan(plan: dict[int, str], arm: str) -> dict[int, str]:
+    """The plan as an arm can take it (the QEMU arm has no host process to restart)."""
+    backend = ARMS[arm]["backend"]
+    return {n: name for n, name in plan.items() if backend != "qemu" or name not in HOST_ONLY}
+
+
+def accepted(attempt: dict) -> bool:
+    return attempt["actions"] - attempt["refused"] > 0
+
+
+def lost_with_host(host_log: Path) -> set[str]:
+    """The environments a host that died by fault held, from its log's lines."""
+    if not host_log.exists():
+        return set()
+    lost = set()
+    for line in host_log.read_text(errors="replace").splitlines():
+        if "environments lost:" in line:
+            lost.update(line.split("environments lost:", 1)[1].split())
+    return lost
 
 
 def snakemake(root: Path, *targets: str, env: dict) -> subprocess.CompletedProcess:
@@ -116,7 +154,7 @@ def train_with_kills(root: Path, exp: str, arm: str, kills: int, env: dict, rng)
     return {"kills": done}
 
 
-def check_run(run_dir: Path, plan: dict[int, str], kills: list[dict]) -> dict:
+def check_run(run_dir: Path, host_log: Path, plan: dict[int, str], kills: list[dict]) -> dict:
     """Every invariant of one run: its figures, or an AssertionError naming the broken one."""
     read = lambda name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]  # noqa: E731
     run = json.loads((run_dir / "run.json").read_text())
@@ -126,13 +164,27 @@ def check_run(run_dir: Path, plan: dict[int, str], kills: list[dict]) -> dict:
     for n, name in plan.items():
         if n < len(attempts):
             _, verdict, gate, on_action = FAULTS[name]
-            if not on_action or attempts[n]["actions"]:
+            if not on_action or accepted(attempts[n]):
                 fired[n] = (verdict, gate)
     got = {
         n: (a["verdict"], a["failed_gates"][0])
         for n, a in enumerate(attempts)
         if a["verdict"] != "valid"
     }
+    # The bystanders of a host restart: invalid as lost with the host, unless their own fault
+    # got there first.
+    lost = lost_with_host(host_log)
+    bystanders = {
+        n
+        for n, a in enumerate(attempts)
+        if a["env_id"] in lost and not (n in fired and plan[n] == "host_restart")
+    }
+    verdict, gates = LOST_WITH_HOST
+    for n in sorted(bystanders):
+        ok = n in got and (got[n] == fired.get(n) or (got[n][0] == verdict and got[n][1] in gates))
+        assert ok, f"attempt {n} was on the host that died, yet ended {got.get(n)}"
+    got = {n: v for n, v in got.items() if n not in bystanders}
+    fired = {n: v for n, v in fired.items() if n not in bystanders}
     assert got == fired, f"invalid attempts {got} but the fired faults were {fired}"
     assert all(a["reward"] is None for a in attempts if a["verdict"] != "valid")
     valid = sum(a["verdict"] == "valid" for a in attempts)
@@ -157,6 +209,7 @@ def check_run(run_dir: Path, plan: dict[int, str], kills: list[dict]) -> dict:
         "faults_injected": sum(1 for n in plan if n < len(attempts)),
         "faults_fired": len(fired),
         "by_fault": {name: sum(1 for n in fired if plan[n] == name) for name in sorted(FAULTS)},
+        "lost_with_host": len(bystanders),
         "kills": len(kills),
         "restarts": len(run["restarts"]),
         "lost_trajectories": lost,
@@ -183,16 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     # Enough ordinals for the invalid attempts too; both arms get the same plan.
     plan = fault_plan(args.fault_rate, 4 * args.valid, rng)
-    plan_file = root / "faults.json"
-    switches = {str(n): FAULTS[name][0] for n, name in plan.items()}
-    plan_file.write_text(json.dumps({"attempts": switches}))
-    env = {"ENVAB_FAULT_PLAN": str(plan_file)}
+    plans = {arm: arm_plan(plan, arm) for arm in ARMS}
     started = time.monotonic()
     kills = {}
     for arm in ARMS:
-        print(f"training {arm} under {len(plan)} planned faults, up to {args.kills} kills")
+        plan_file = root / f"faults-{arm}.json"
+        switches = {str(n): FAULTS[name][0] for n, name in plans[arm].items()}
+        plan_file.write_text(json.dumps({"attempts": switches}))
+        env = {"ENVAB_FAULT_PLAN": str(plan_file)}
+        print(f"training {arm} under {len(plans[arm])} planned faults, up to {args.kills} kills")
         kills[arm] = train_with_kills(root, exp, arm, args.kills, env, rng)["kills"]
-    result = snakemake(root, env=env)  # evaluation, outcome, receipts
+    result = snakemake(root, env={})  # evaluation, outcome, receipts
     if result.returncode != 0:
         raise SystemExit(f"the workflow did not finish:\n{result.stderr[-3000:]}")
     verified = subprocess.run(
@@ -202,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         text=True,
     )
     figures = {
-        arm: check_run(root / "results" / exp / arm / "seed1", plan, kills[arm]) for arm in ARMS
+        arm: check_run(
+            root / "results" / exp / arm / "seed1",
+            root / "logs" / exp / f"train_{arm}_seed1.host.log",
+            plans[arm],
+            kills[arm],
+        )
+        for arm in ARMS
     }
     report = {
         "valid_per_arm": args.valid,
@@ -216,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     for arm, f in figures.items():
         print(
             f"{arm}: {f['attempts']} attempts, {f['valid']} valid; faults {f['faults_fired']} "
-            f"fired of {f['faults_injected']} injected {f['by_fault']}, all accounted; "
+            f"fired of {f['faults_injected']} injected {f['by_fault']}, "
+            f"{f['lost_with_host']} more lost with a host, all accounted; "
             f"{f['kills']} kills, {f['restarts']} restarts, {f['lost_trajectories']} lost "
             f"({f['lost_s']:.1f} s counted), {f['downtime_s']:.1f} s down (not counted); "
             f"{f['checkpoints']} checkpoints whole"

@@ -2,7 +2,7 @@
 
     python -m envab.freeze target preregistration/target.yaml --receipt R/preregistration.json
     python -m envab.freeze split --target T --receipts R/preregistration.json --tasks tasks.jsonl \
-        --seed 0 --heldout-fraction 0.25 [--unit class] --train train.jsonl \
+        --seed 0 --heldout-fraction 0.25 [--unit class] [--stratify domain] --train train.jsonl \
         --heldout heldout.jsonl --receipt R/split.json
     python -m envab.freeze code --target T --receipts R/preregistration.json \
         --groups '{"trainer": ["trainer/**/*.py"]}' --receipt R/code.json
@@ -26,7 +26,14 @@ from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
 from envab.receipts import repo_commit, subject, write_receipt
 from envab.schema import ConfigError
-from envab.split import SplitError, functional_class, rule_text, split_tasks, task_digest
+from envab.split import (
+    STRATA,
+    SplitError,
+    functional_class,
+    rule_text,
+    split_tasks,
+    task_digest,
+)
 
 
 def cmd_target(args) -> None:
@@ -36,7 +43,7 @@ def cmd_target(args) -> None:
 def cmd_split(args) -> None:
     _, receipts = preregistration.frozen_inputs(args)
     tasks = list(read_jsonl(args.tasks))
-    split = split_tasks(tasks, args.seed, args.heldout_fraction, args.unit)
+    split = split_tasks(tasks, args.seed, args.heldout_fraction, args.unit, args.stratify)
     write_jsonl(args.train, split.train)
     write_jsonl(args.heldout, split.heldout)
 
@@ -48,8 +55,9 @@ def cmd_split(args) -> None:
         "split",
         subjects=[subject(args.tasks), subject(args.train), subject(args.heldout)],
         predicate={
-            "rule": rule_text(args.unit),
+            "rule": rule_text(args.unit, args.stratify),
             "unit": args.unit,
+            "stratify": args.stratify,
             "seed": args.seed,
             "heldout_fraction": args.heldout_fraction,
             **(
@@ -58,8 +66,8 @@ def cmd_split(args) -> None:
                 else {}
             ),
             "tasks": len(tasks),
-            "per_family": {
-                side: dict(sorted(Counter(t.get("family") for t in tasks_).items()))
+            f"per_{args.stratify}": {
+                side: dict(sorted(Counter(t.get(args.stratify) for t in tasks_).items()))
                 for side, tasks_ in (("train", split.train), ("heldout", split.heldout))
             },
             "train": listing(split.train),
@@ -129,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--heldout-fraction", type=float, required=True)
     p.add_argument("--unit", choices=("task", "class"), default="task", help="envab/split.py")
+    p.add_argument("--stratify", choices=STRATA, default="family", help="the field to group by")
     p.add_argument("--train", required=True)
     p.add_argument("--heldout", required=True)
     p.add_argument("--receipt", required=True)

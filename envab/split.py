@@ -39,9 +39,13 @@ class SplitError(ValueError):
     pass
 
 
+# Not content: the id, and the digest of the task file's bytes (which hold the id).
+NOT_CONTENT = ("id", "source_sha256")
+
+
 def task_digest(task: dict) -> str:
-    """Digest of a task's content, id excluded."""
-    return sha256_json({k: v for k, v in task.items() if k != "id"})
+    """Digest of a task's content, id (and anything else naming it) excluded."""
+    return sha256_json({k: v for k, v in task.items() if k not in NOT_CONTENT})
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,13 @@ class Split:
         return [t["id"] for t in self.heldout]
 
 
-def rule_text(unit: str) -> str:
+STRATA = ("family", "domain")  # the task field the task rule groups by (an OSWorld set: domain)
+
+
+def rule_text(unit: str, stratify: str = "family") -> str:
     """The split rule of `unit`, as the split receipt records it."""
-    return {"task": RULE, "class": CLASS_RULE}[unit]
+    rule = {"task": RULE, "class": CLASS_RULE}[unit]
+    return rule.replace("``family``", f"``{stratify}``") if unit == "task" else rule
 
 
 def functional_class(task: dict) -> tuple[str, str, int]:
@@ -101,9 +109,19 @@ def heldout_classes(tasks: list[dict], seed: int, heldout_fraction: float) -> se
     return chosen
 
 
-def split_tasks(tasks: list[dict], seed: int, heldout_fraction: float, unit: str = "task") -> Split:
+def split_tasks(
+    tasks: list[dict],
+    seed: int,
+    heldout_fraction: float,
+    unit: str = "task",
+    stratify: str = "family",
+) -> Split:
     if unit not in UNITS:
         raise SplitError(f"split unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    if stratify not in STRATA:
+        raise SplitError(f"split stratify must be one of {', '.join(STRATA)}, got {stratify!r}")
+    if unit == "class" and stratify != "family":
+        raise SplitError("the class unit groups by family; stratify by domain is for the task unit")
     if not 0 < heldout_fraction < 1:
         raise SplitError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
     ids = [t.get("id") for t in tasks]
@@ -122,7 +140,7 @@ def split_tasks(tasks: list[dict], seed: int, heldout_fraction: float, unit: str
         return split
     by_family: dict[str, list[dict]] = defaultdict(list)
     for task in tasks:
-        by_family[task.get("family") or NO_FAMILY].append(task)
+        by_family[task.get(stratify) or NO_FAMILY].append(task)
     train, heldout = [], []
     for family in sorted(by_family):
         group = sorted(by_family[family], key=lambda t: t["id"])

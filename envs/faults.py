@@ -1,9 +1,9 @@
 """Fault-injection switches for one environment, as every arm reads them (tests, reliability runs).
 
 The embedded host arms them in its worker processes (envs/host), the QEMU pool on its VMs
-(envs/qemu/pool.py); a real Drums host is never asked. Step faults count the environment's
-accepted actions from 1 (a fork child counts on from its parent). Each fault fails exactly one
-gate, the same on every arm:
+(envs/qemu/pool.py); a real Drums host is never asked. Step faults count the actions the
+environment accepted, from 1 (a fork child counts on from its parent; a refused action, off
+screen or after DONE, is not counted). Each fault fails exactly one gate, the same on every arm:
 
     kill_at_step          the environment's process dies (SIGKILL)        worker_alive
     stall_at_step         the environment hangs past the step's deadline   step_timeout

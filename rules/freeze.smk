@@ -42,6 +42,29 @@ if "factory" in config["tasks"]:
             " && python -m envab.envs.tasks.validate --tasks {output.tasks}"
             " --solutions {output.solutions}) > {log} 2>&1"
 
+elif "osworld" in config["tasks"]:
+
+    rule tasks:
+        input:
+            receipt=PREREG_RECEIPT,
+            examples=config["tasks"]["osworld"]["dir"],
+            index=config["tasks"]["osworld"].get("index", []),
+        output:
+            tasks=f"{RESULTS}/tasks/tasks.jsonl",
+            sources=directory(f"{RESULTS}/tasks/osworld"),
+            report=f"{RESULTS}/tasks/index.json",
+        params:
+            index=lambda wildcards, input: f"--index {input.index}" if input.index else "",
+        conda:
+            SOFTWARE
+        log:
+            f"{LOGS}/tasks.log",
+        shell:
+            # Each task file copied byte for byte; a malformed one refused with its path.
+            "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
+            " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
+            " > {log} 2>&1"
+
 else:
 
     rule tasks:
@@ -50,12 +73,15 @@ else:
             tasks=config["tasks"]["path"],
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
+            report=f"{RESULTS}/tasks/index.json",
         conda:
             SOFTWARE
         log:
             f"{LOGS}/tasks.log",
         shell:
-            "cp {input.tasks} {output.tasks} 2> {log}"
+            # Kept line for line; a malformed line refused with its number.
+            "python -m envab.envs.tasks.osworld --jsonl {input.tasks} --tasks {output.tasks}"
+            " --report {output.report} > {log} 2>&1"
 
 
 rule split:
@@ -71,6 +97,7 @@ rule split:
         seed=config["split"]["seed"],
         fraction=config["split"]["heldout_fraction"],
         unit=config["split"]["unit"],
+        stratify=config["split"]["stratify"],
     conda:
         SOFTWARE
     log:
@@ -78,7 +105,7 @@ rule split:
     shell:
         "python -m envab.freeze split --target {input.target} --receipts {input.receipt}"
         " --tasks {input.tasks} --seed {params.seed} --heldout-fraction {params.fraction}"
-        " --unit {params.unit}"
+        " --unit {params.unit} --stratify {params.stratify}"
         " --train {output.train} --heldout {output.heldout} --receipt {output.receipt}"
         " > {log} 2>&1"
 

@@ -27,6 +27,7 @@ def attempt(verdict="valid", score=1.0, env_s=0.5, gen_s=2.0) -> Attempt:
         score=score if verdict == "valid" else None,
         turns=3,
         actions=3,
+        refused=0,
         env_seconds=env_s,
         generation_seconds=gen_s,
         started_utc="a",

@@ -34,10 +34,15 @@ def test_a_file_that_is_not_yaml_is_one_line_saying_where(workflow, name):
 
 
 def test_a_malformed_task_line_is_named_and_nothing_frozen_is_lost(workflow):
-    """An existing task set (tasks.path) whose fourth line is cut short: the split job stops
-    with one line naming the line; the frozen pre-registration stays as it was."""
+    """An existing task set (tasks.path) whose fourth line is cut short: the task set's freeze
+    stops with one line naming the line; the frozen pre-registration stays as it was."""
     source = workflow.root / "tasks-in.jsonl"
-    lines = [json.dumps({"id": f"t{n}", "instruction": "Click OK."}) for n in range(3)]
+    lines = [
+        json.dumps(
+            {"id": f"t{n}", "instruction": "Click OK.", "config": [], "evaluator": {"func": "f"}}
+        )
+        for n in range(3)
+    ]
     source.write_text("\n".join([*lines, '{"id": "t3", "instr']) + "\n")
 
     def config(c):  # a task set of its own has no oracle demonstrations to warm-start on
@@ -47,9 +52,9 @@ def test_a_malformed_task_line_is_named_and_nothing_frozen_is_lost(workflow):
     workflow.edit_config(config)
     result = workflow.snakemake("--until", "split")
     assert result.returncode != 0
-    log = (workflow.root / "logs" / EXP / "split.log").read_text()
+    log = (workflow.root / "logs" / EXP / "tasks.log").read_text()
     errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "tasks.jsonl:4: not a JSON object" in errors[0], log
+    assert len(errors) == 1 and "tasks-in.jsonl:4: not JSON" in errors[0], log
     assert "Traceback" not in log
     receipt = workflow.root / "receipts" / EXP / "preregistration.json"
     verified = workflow.python("-m", "envab.verify", "--receipts", str(receipt))

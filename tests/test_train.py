@@ -45,6 +45,11 @@ GATES = {
 }
 
 
+def accepted(attempt: dict) -> bool:
+    """Whether the environment accepted an action of this attempt: a step fault fires then."""
+    return attempt["actions"] - attempt["refused"] > 0
+
+
 def tiny(workflow) -> None:
     """Tiny settings and budget, edited before anything is frozen."""
 
@@ -119,7 +124,7 @@ def test_counts_add_up_and_budget_stops_the_run(trained, arm):
 def test_injected_faults_are_invalid_attempts_without_reward(trained, arm):
     run, attempts, checkpoints, _ = records(trained.root, arm)
     expected = dict(ALWAYS)
-    expected.update({n: v for n, v in ON_ACTION.items() if attempts[n]["actions"]})
+    expected.update({n: v for n, v in ON_ACTION.items() if accepted(attempts[n])})
     # The tiny warm start here (2 SFT steps) seldom makes a tool call, so a step fault mostly
     # finds no action to fail (and must not fail the attempt then); tests/test_agent.py steps
     # every fault with scripted actions, and bench/soak.py trains under them with the default

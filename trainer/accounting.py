@@ -38,6 +38,7 @@ class Attempt:
     score: float | None
     turns: int  # tool calls the policy made
     actions: int  # of them, those sent to the environment (a refused action included)
+    refused: int  # of those, the ones the environment refused (off screen, after DONE)
     env_seconds: float
     generation_seconds: float
     started_utc: str

@@ -105,6 +105,7 @@ class Episode:
     started_utc: str
     turns: int = 0
     actions: int = 0  # actions sent to the environment (a refused one included)
+    refused: int = 0  # of them, those the environment refused (nothing changed)
     over: bool = False
     failed_gates: tuple[str, ...] = ()
 
@@ -157,6 +158,7 @@ class ArmEnvironment:
         except ValueError as e:  # e.g. off screen; the desktop did not change
             # Every backend refuses with a ValueError (the Drums client's ActionRejected is one,
             # carrying the host's first line), so the policy reads the same note on every arm.
+            ep.refused += 1
             return agent.tool_result(note=f"Refused: {next(iter(str(e).splitlines()), '')}")
         finally:
             seconds = time.monotonic() - t0
@@ -188,6 +190,7 @@ class ArmEnvironment:
             score=verification.score,
             turns=ep.turns,
             actions=ep.actions,
+            refused=ep.refused,
             env_seconds=ep.env_seconds,
             generation_seconds=generation_seconds,
             started_utc=ep.started_utc,

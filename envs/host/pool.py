@@ -331,8 +331,6 @@ class Pool:
             png = None
             if not env.quarantined and generation != env.generation:
                 self._quarantine(env, Gate.GENERATION)
-            if not env.quarantined and env.steps + 1 == env.faults.restart_host_at_step:
-                self._die(env)
             if not env.quarantined:
                 reply = self._call(
                     env, ("step", action), self.config.step_timeout_s, Gate.WORKER_ALIVE
@@ -340,6 +338,8 @@ class Pool:
                 if reply is not None and "rejected" in reply:
                     raise ActionRejected(reply["rejected"])
                 if reply is not None:
+                    if env.steps + 1 == env.faults.restart_host_at_step:
+                        self._die(env)  # no answer: the host is gone
                     env.steps += 1
                     env.generation += 1
                     env.state_sha256 = reply["state_sha256"]

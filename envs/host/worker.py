@@ -170,16 +170,17 @@ class Worker:
         )
 
     def op_step(self, action) -> dict:
+        try:
+            self.desktop.apply(action)
+        except ValueError as e:  # the policy's mistake (off-screen, after DONE): state unchanged
+            return {"rejected": str(e).splitlines()[0]}
+        # Step faults count accepted actions, as on every arm. Dying or hanging after applying
+        # the action looks the same to the host as before it: no answer, the environment lost.
         self.steps += 1
         if self.faults.get("kill_at_step") == self.steps:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.faults.get("stall_at_step") == self.steps:
             time.sleep(float(self.faults.get("stall_s", 3600)))
-        try:
-            self.desktop.apply(action)
-        except ValueError as e:  # the policy's mistake (off-screen, after DONE): state unchanged
-            self.steps -= 1
-            return {"rejected": str(e).splitlines()[0]}
         state = self.desktop.state_hash()
         if self.faults.get("stale_at_step") == self.steps and self.shown is not None:
             png, frame = self.shown  # the display never drew this step's frame
