@@ -240,6 +240,24 @@ class Verification(Mapping):
         """What the trainer may use: the score of a valid episode, None for an invalid one."""
         return self.score if self.valid else None
 
+    @property
+    def audit_flags(self) -> tuple[str, ...]:
+        """What the verifier's audit says went wrong (drums-verifiers names nondeterministic,
+        redundant_disagree, scope_violation, checker_crash, checker_timeout, scope_unchecked);
+        read from `audit_flags`, or `flags` as the embedded host writes them."""
+        flags = self.audit.get("audit_flags", self.audit.get("flags")) or ()
+        return tuple(str(f) for f in flags) if isinstance(flags, list | tuple) else ()
+
+    @property
+    def trusted(self) -> bool | None:
+        """True only for a valid, scored episode whose audit says so and names no flag; None when
+        the verifier sent no audit verdict (an older drumsd, a VM pool): never True by default.
+        The audit never changes the score or validity; using it is the trainer's choice."""
+        said = self.audit.get("trusted")
+        if said is None:
+            return None
+        return bool(said) and self.valid and self.score is not None and not self.audit_flags
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["failed_gates"] = list(self.failed_gates)

@@ -244,10 +244,11 @@ def play(env, task_id: str, actions) -> list[list[dict]]:
 
 
 @pytest.mark.parametrize("mode", ["restore", "fork"])
-def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, mode):
+def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, mode, monkeypatch):
     tasks, solutions = task_set
     task_id = sorted(tasks)[0]
     arm = {"backend": "drums", "url": "embedded", "mode": mode}
+    monkeypatch.setenv("DRUMS_RECORD", str(tmp_path / "drums-record.jsonl"))
     with open_arm(arm) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]})
         cls = environment_class(COMPUTER_13)
@@ -268,6 +269,17 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
     parents = {line["fork_parent"] for line in lines}
     assert (parents == {None}) if mode == "restore" else (len(parents) == 1 and None not in parents)
     assert run.ledger.valid == 2 and run.ledger.checkpoint_due()
+    # The host's audit, per trajectory: trusted (no flag), and the refused action counted.
+    assert [(x["trusted"], x["audit_flags"], x["refused"]) for x in lines] == [
+        (True, [], 0),
+        (True, [], 1),
+    ]
+    # DRUMS_RECORD: one line per scored trace in drums-verifiers' format.
+    record = [json.loads(x) for x in (tmp_path / "drums-record.jsonl").read_text().splitlines()]
+    assert [
+        (r["env"], r["parent"], r["valid"], r["score"], r["reward"], r["dropped"], r["trusted"])
+        for r in record
+    ] == [(x["env_id"], x["fork_parent"], True, x["score"], x["reward"], None, True) for x in lines]
 
 
 def refusals(backend, tmp_path, tasks, task_id) -> list:
@@ -327,7 +339,7 @@ FAULT_ARMS = {
 
 
 @pytest.mark.parametrize("kind", FAULT_ARMS)
-def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set, kind):
+def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set, kind, monkeypatch):
     """The same faults on the same attempts on every kind of arm (a fork arm arms each on the
     attempt's own child, the QEMU arm on the VM): each attempt ends invalid with the fault's
     gate, and nothing breaks."""
@@ -336,6 +348,7 @@ def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set, 
     tasks, _ = task_set
     task_id = sorted(tasks)[0]
     faults = {n: f for n, (f, _, _) in MID_EPISODE.items()}
+    monkeypatch.setenv("DRUMS_RECORD", str(tmp_path / "drums-record.jsonl"))
     with open_arm(FAULT_ARMS[kind], allow_faults=True) as backend:
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, faults=faults)
         envs = [environment_class(COMPUTER_13)(run) for _ in MID_EPISODE]
@@ -349,6 +362,11 @@ def test_a_fault_mid_episode_ends_it_invalid_with_no_reward(tmp_path, task_set, 
     ]
     assert [(x["verdict"], x["failed_gates"], x["reward"], x["score"]) for x in lines] == [
         (verdict, [gate], None, None) for _, verdict, gate in MID_EPISODE.values()
+    ]
+    assert {x["trusted"] for x in lines} == {None}  # verified by nobody: no audit verdict
+    record = [json.loads(x) for x in (tmp_path / "drums-record.jsonl").read_text().splitlines()]
+    assert [r["dropped"] for r in record] == [
+        f"drums_invalid:{verdict}:{gate}" for _, verdict, gate in MID_EPISODE.values()
     ]
     assert run.ledger.invalid == len(MID_EPISODE) and run.ledger.valid == 0
 

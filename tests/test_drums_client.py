@@ -12,6 +12,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from envab.envs import auth
 from envab.envs.auth import TokenError
 from envab.envs.drums import EMBEDDED, DrumsBackend, DrumsError, DrumsSession, connect, read_token
 from envab.envs.host import serve_embedded
@@ -226,6 +227,31 @@ def test_a_quarantine_and_an_unknown_answer_keep_the_hosts_gate_names():
     assert v.audit["host_answer"] == {"verdict": "lucky", "valid": True}
 
 
+@pytest.mark.parametrize(
+    ("audit", "trusted", "flags"),
+    [
+        (None, None, ()),  # an older drumsd sends no audit: unknown, never True by default
+        ({"trusted": True, "audit_flags": []}, True, ()),
+        ({"trusted": True, "audit_flags": ["nondeterministic"]}, False, ("nondeterministic",)),
+        ({"trusted": False, "audit_flags": ["redundant_disagree"]}, False, ("redundant_disagree",)),
+        ({"trusted": None, "audit_flags": ["scope_unchecked"]}, None, ("scope_unchecked",)),
+    ],
+)
+def test_the_audit_says_trusted_or_unknown_and_never_changes_the_score(audit, trusted, flags):
+    """drums-verifiers: trusted is True only for a valid, scored episode with no audit flag, and
+    None when the host sent no audit; the score and validity stay the host's."""
+
+    def host(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/envs":
+            return httpx.Response(201, json=created())
+        body = {"score": 1.0, "valid": True, "verdict": "valid", "failed_gates": []}
+        return httpx.Response(200, json={**body, **({"audit": audit} if audit else {})})
+
+    backend = DrumsBackend("http://drums.invalid", token="t", transport=httpx.MockTransport(host))
+    v = backend.create({"id": "t1"}).verify()
+    assert (v.valid, v.score, v.trusted, v.audit_flags) == (True, 1.0, trusted, flags)
+
+
 def test_retries_only_idempotent_calls():
     calls: Counter = Counter()
     new = created()
@@ -357,8 +383,15 @@ def test_token_sources_and_secrecy(fork_backend, token, taskset, monkeypatch, ca
     monkeypatch.delenv("DRUMS_TOKEN_FILE")
     monkeypatch.setenv("DRUMS_TOKEN", "from-env")
     assert read_token() == "from-env"
+    # Neither variable: the host's default file, /etc/drums/token, as drumsd keeps it.
+    default = path.parent / "etc-drums-token"
+    monkeypatch.setattr(auth, "DEFAULT_TOKEN_FILE", str(default))
+    assert read_token() == "from-env"  # a variable beats the default file
     monkeypatch.delenv("DRUMS_TOKEN")
-    with pytest.raises(TokenError, match="^no Drums token: set DRUMS_TOKEN_FILE or DRUMS_TOKEN$"):
+    default.write_text("from-default\n")
+    assert read_token() == "from-default"
+    default.unlink()
+    with pytest.raises(TokenError, match="^no Drums token: set DRUMS_TOKEN_FILE or DRUMS_TOKEN"):
         read_token()
     with pytest.raises(DrumsError, match="^no Drums token"):  # the backend's own error, as before
         DrumsBackend(fork_backend.url)

@@ -18,8 +18,9 @@ Invalid attempts carry no reward (never 0), count on their own line and never to
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from envab.io import append_jsonl
@@ -43,6 +44,8 @@ class Attempt:
     generation_seconds: float
     started_utc: str
     ended_utc: str
+    trusted: bool | None = None  # the verifier's audit: None when it sent none (protocol.py)
+    audit_flags: tuple[str, ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -57,6 +60,34 @@ class Attempt:
 class Prices:
     host_usd_per_hour: float
     inference_usd_per_hour: float
+
+
+def drums_record_line(line: Mapping) -> dict:
+    """A trajectory as drums-verifiers' DRUMS_RECORD writes a scored trace: environment, parent,
+    verdict, failed gates, score, reward handed out, audit flags, trusted, drop reason, timings.
+    Append-only: a trace that a restart later loses (trainer/resume.py) keeps its line here;
+    trajectories.jsonl is what the run counts."""
+    valid = line["verdict"] == "valid"
+    gates = ",".join(line["failed_gates"])
+    return {
+        "env": line["env_id"],
+        "parent": line["fork_parent"],
+        "task": line["task_id"],
+        "arm": line["arm"],
+        "seed": line["seed"],
+        "step": line["step"],
+        "valid": valid,
+        "verdict": line["verdict"],
+        "failed_gates": line["failed_gates"],
+        "score": line["score"],
+        "reward": line["reward"],
+        "dropped": None if valid else f"drums_invalid:{line['verdict']}:{gates}",
+        "audit_flags": line["audit_flags"],
+        "trusted": line["trusted"],
+        "turns": line["turns"],
+        "actions": line["actions"],
+        "timings": {"env_s": line["env_seconds"], "generation_s": line["generation_seconds"]},
+    }
 
 
 @dataclass
@@ -86,6 +117,8 @@ class Ledger:
     carried_s: float = 0.0
     # Called with the wall-clock after every attempt: the run's heartbeat.
     on_record: Callable[[float], None] | None = field(default=None, repr=False)
+    # DRUMS_RECORD=path.jsonl: one more line per scored trace, in drums-verifiers' format.
+    drums_record: str | None = field(default_factory=lambda: os.environ.get("DRUMS_RECORD") or None)
 
     def start(self) -> None:
         """Mark the first training step; wall-clock and host-hours count from here (a restarted
@@ -135,9 +168,12 @@ class Ledger:
             "step": step,
             **asdict(attempt),
             "failed_gates": list(attempt.failed_gates),
+            "audit_flags": list(attempt.audit_flags),
             "reward": attempt.reward,
         }
         append_jsonl(self.trajectories_path, line)
+        if self.drums_record:
+            append_jsonl(self.drums_record, drums_record_line(line))
         if self.on_record:
             self.on_record(self.wall_clock_s())
         return line

@@ -195,6 +195,8 @@ class ArmEnvironment:
             generation_seconds=generation_seconds,
             started_utc=ep.started_utc,
             ended_utc=utc_now(),
+            trusted=verification.trusted,
+            audit_flags=verification.audit_flags,
         )
         self.run.ledger.record(attempt, self.run.step)
         return attempt.reward
