@@ -15,9 +15,11 @@ Either way the caller gets a session whose state must hash to the task's
 `evaluator.initial_state_sha256`, and the same drop rule applies (trainer/environment.py).
 
 Fault injection (tests and reliability runs): `faults` maps an attempt's ordinal (0-based count
-of resets in the run) to the host's fault switches for the environment that serves it: its
-`create` on a restore arm, its child in the group's `fork` on a fork arm (the parent is made
-clean). Either way the same attempts fail the same gates on both arms.
+of resets in the run) to the fault switches (envs/faults.py) for the environment that serves it:
+its `create` on a restore arm, its child in the group's `fork` on a fork arm. `group_faults` maps
+a group's ordinal to switches for the group's parent on a fork arm (a parent that fails a gate is
+quarantined: every child it would have had is invalid with its gate), and for every `create` of
+the group on a restore arm. Either way the same attempts fail the same gates on both arms.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ class ForkGroups:
         group_size: int,
         faults: Mapping[int, Mapping] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        group_faults: Mapping[int, Mapping] | None = None,
     ):
         self.backend = backend
         self.group_size = group_size
         self.fork = bool(backend.can_fork)
         self.faults = dict(faults or {})
+        self.group_faults = dict(group_faults or {})
         self.clock = clock
         self.resets = 0  # attempts started in this run
         self._task_id: str | None = None  # the open group's task
@@ -69,7 +73,8 @@ class ForkGroups:
             )
         if not self.fork:
             t0 = self.clock()
-            session = self._create(task, ordinal)
+            group = self.group_faults.get(ordinal // self.group_size)
+            session = self._create(task, self.faults.get(ordinal), group)
             return Start(session, None, self.clock() - t0)
         if member == 0:
             self._open_group(task, range(ordinal, ordinal + self.group_size))
@@ -79,7 +84,7 @@ class ForkGroups:
         for child in self._children:  # a group left unfinished (cannot happen under TRL)
             child.close()
         t0 = self.clock()
-        parent = self.backend.create(task)
+        parent = self._create(task, None, self.group_faults.get(ordinals[0] // self.group_size))
         faults = [dict(self.faults.get(n, {})) for n in ordinals]
         try:
             if any(faults):
@@ -91,8 +96,8 @@ class ForkGroups:
         self._parent = parent.env_id
         self._share = (self.clock() - t0) / self.group_size
 
-    def _create(self, task: Mapping, ordinal: int) -> Session:
-        faults = self.faults.get(ordinal)
+    def _create(self, task: Mapping, own: Mapping | None, group: Mapping | None) -> Session:
+        faults = {**(group or {}), **(own or {})}
         if faults:
             return self.backend.create(task, faults=faults)
         return self.backend.create(task)

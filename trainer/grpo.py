@@ -136,8 +136,7 @@ class RunInputs:
     tools: agent.ToolSet
     tasks: dict[str, dict]  # training tasks by id
     guard: HeldoutGuard
-    faults: dict[int, dict]
-    fault_plan_sha256: str | None
+    faults: FaultPlan
 
 
 # --- 1. check inputs -----------------------------------------------------------------------------
@@ -154,7 +153,7 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     check_split_file(args.train, receipts, "train")
     tasks = {t["id"]: t for t in read_jsonl(args.train)}
     guard.check_dataset(tasks)
-    faults, fault_plan_sha256 = read_fault_plan()
+    faults = read_fault_plan()
     written = any(
         p.is_file() and p.stat().st_size
         for p in (outputs.trajectories, outputs.checkpoint_records, outputs.steps)
@@ -180,23 +179,39 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
         tasks=tasks,
         guard=guard,
         faults=faults,
-        fault_plan_sha256=fault_plan_sha256,
     )
 
 
-def read_fault_plan() -> tuple[dict[int, dict], str | None]:
-    """{attempt ordinal: host faults} from the file named by ENVAB_FAULT_PLAN, and its digest."""
+@dataclass(frozen=True)
+class FaultPlan:
+    """Fault switches by attempt ordinal and by group ordinal (trainer/forkgroups.py)."""
+
+    attempts: dict[int, dict]
+    groups: dict[int, dict]
+    sha256: str | None
+
+    def __bool__(self) -> bool:
+        return bool(self.attempts or self.groups)
+
+
+def read_fault_plan() -> FaultPlan:
+    """The plan in the file named by ENVAB_FAULT_PLAN: {"attempts": {ordinal: faults},
+    "groups": {ordinal: faults}} (either may be left out), and the file's digest."""
     path = os.environ.get(FAULT_PLAN_ENV)
     if not path:
-        return {}, None
+        return FaultPlan({}, {}, None)
     try:
         plan = json.loads(Path(path).read_text())
-        faults = {int(k): dict(v) for k, v in plan["attempts"].items()}
+        attempts = {int(k): dict(v) for k, v in plan.get("attempts", {}).items()}
+        groups = {int(k): dict(v) for k, v in plan.get("groups", {}).items()}
+        if set(plan) - {"attempts", "groups"}:
+            raise ValueError(f"unknown keys {sorted(set(plan) - {'attempts', 'groups'})}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise GuardError(
-            f'{FAULT_PLAN_ENV}={path}: expected {{"attempts": {{ordinal: faults}}}} ({e})'
+            f'{FAULT_PLAN_ENV}={path}: expected {{"attempts": {{ordinal: faults}}, '
+            f'"groups": {{ordinal: faults}}}} ({e})'
         ) from None
-    return faults, sha256_file(path)
+    return FaultPlan(attempts, groups, sha256_file(path))
 
 
 def check_vllm() -> None:
@@ -568,7 +583,12 @@ def train(args, console: Console) -> dict:
     with open_arm(
         inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
     ) as backend:
-        groups = ForkGroups(backend, inputs.settings.num_generations, inputs.faults)
+        groups = ForkGroups(
+            backend,
+            inputs.settings.num_generations,
+            inputs.faults.attempts,
+            group_faults=inputs.faults.groups,
+        )
         trainer, callback = build_trainer(
             inputs, prepared, ledger, groups, outputs, journal, restart, args, console, tracker
         )
@@ -622,7 +642,7 @@ def write_record(
         "ended_utc": utc_now(),
         "model": Path(args.model).as_posix(),
         "pins_sha256": sha256_file(args.pins),
-        "fault_plan_sha256": inputs.fault_plan_sha256,
+        "fault_plan_sha256": inputs.faults.sha256,
         "kill_plan": os.environ.get(KILL_ENV),
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
