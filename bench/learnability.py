@@ -278,7 +278,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 from envab.trainer.model import load  # noqa: E402
 from envab.trainer.sft import demonstration, demonstration_collator  # noqa: E402
 
-demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS) for t in train}
+demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS, LocalBackend()) for t in train}
 set_seed(0)
 model, processor = load(pinned)
 collator = demonstration_collator(processor, demos, TOOLS)
@@ -344,8 +344,8 @@ if args.grpo_steps:
 
     set_seed(1)
     tmap = {t["id"]: t for t in train}
-    rows, first = agent.training_rows(tmap)
-    ds = Dataset.from_list(rows)
+    ds = Dataset.from_list(agent.training_rows(tmap))
+    first = agent.rendered_first_screens(tmap)
     model, processor = load(sft_dir)
     gdir = out / f"grpo_{args.arm}"
     gdir.mkdir(exist_ok=True)

@@ -17,6 +17,8 @@ if SFT_ENABLED:
         params:
             settings=as_arg(config["training"]["sft"]),
             tools=config["training"]["tools"],
+            # The demonstrations are played on the evaluation arm's environment.
+            arm=as_arg(config["arms"][PREREG.evaluation.backend]),
         threads: whole_machine()
         conda:
             SOFTWARE
@@ -25,7 +27,7 @@ if SFT_ENABLED:
         shell:
             "python -m envab.trainer.sft --target {input.target} --receipts {input.receipts}"
             " --model {input.model} --tasks {input.train} --solutions {input.solutions}"
-            " --settings {params.settings} --tools {params.tools}"
+            " --settings {params.settings} --tools {params.tools} --arm {params.arm}"
             " --out {output.model} --receipt {output.receipt} --log {log}"
 
 

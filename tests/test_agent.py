@@ -72,15 +72,21 @@ def test_a_bad_call_is_one_clear_error(name, arguments, message):
         COMPUTER_13.action_for(name, arguments)
 
 
-def test_the_dataset_row_becomes_the_task_prompt_in_trl(task_set):
+def test_the_dataset_row_and_the_reset_turn_become_the_task_prompt_in_trl(task_set):
+    """TRL appends what `reset` returns to the row's last user message (GRPOTrainer.
+    _generate_and_score_completions), then normalises it (prepare_multimodal_messages): the
+    result is the prompt the evaluation and the warm start render, screenshot first."""
     tasks, _ = task_set
     task = next(iter(tasks.values()))
     shot = agent.first_screenshot(task)
-    row = agent.dataset_row(task, shot)
-    assert prepare_multimodal_messages(row["prompt"], row["images"]) == agent.task_prompt(
-        task, shot
-    )
-    assert row["task_id"] == task["id"]
+    row = agent.dataset_row(task)
+    assert "images" not in row and row["task_id"] == task["id"]
+    last = row["prompt"][-1]
+    prompt = row["prompt"][:-1] + [
+        {**last, "content": last["content"] + agent.first_turn(task, shot)}
+    ]
+    assert prepare_multimodal_messages(prompt) == agent.task_prompt(task, shot)
+    assert agent.first_turn(task, None) == [{"type": "text", "text": agent.instruction_text(task)}]
 
 
 @pytest.mark.parametrize("name", sorted(agent.TOOL_SETS))
@@ -128,7 +134,9 @@ def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, 
     model, processor = tiny
     tasks, solutions = task_set
     task_id = next(t for t in sorted(tasks) if len(solutions[t]["oracle"]) >= 2)
-    messages = demonstration(tasks[task_id], solutions[task_id]["oracle"], COMPUTER_13)
+    messages = demonstration(
+        tasks[task_id], solutions[task_id]["oracle"], COMPUTER_13, LocalBackend()
+    )
     screens = 1 + len(solutions[task_id]["oracle"])
     assert sum(m["role"] == "tool" for m in messages) == screens - 1
     batch = demonstration_collator(processor, {task_id: messages}, COMPUTER_13).torch_call(
@@ -253,8 +261,11 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
         run = make_run(tmp_path, backend, {task_id: tasks[task_id]})
         cls = environment_class(COMPUTER_13)
         envs = [cls(run), cls(run)]  # one GRPO group of 2
-        for env in envs:
-            assert env.reset(task_id=task_id) is None
+        first = agent.first_screenshot(tasks[task_id])
+        for env in envs:  # the first turn: the environment's screenshot, then the instruction
+            turn = env.reset(task_id=task_id)
+            assert [b["type"] for b in turn] == ["image", "text"]
+            assert agent.screenshot_sha256(turn[0]["image"]) == agent.screenshot_sha256(first)
         oracle = solutions[task_id]["oracle"]
         results = play(envs[0], task_id, oracle)
         assert all(r[0]["type"] == "image" for r in results)

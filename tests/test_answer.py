@@ -39,7 +39,8 @@ def answered(tmp_path_factory, make_workflow):
 
     def target(t):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
-        t["evaluation"].update(checkpoint_interval=4, max_steps=1)
+        # One evaluation seed: 32 held-out episodes per checkpoint, a quarter of the default's.
+        t["evaluation"].update(checkpoint_interval=4, max_steps=1, seeds=[0])
         t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})
         t.setdefault("confirmation", {"delta": 0.05})
         # The three controls on the drums arm. Every reward flipped, so the corruption shows at

@@ -420,3 +420,24 @@ def test_a_fork_arms_each_child_with_its_own_faults(fork_api, taskset):
     assert verify(fork_api, step(fork_api, clean, oracle))["score"] == 1.0  # not the parent's
     bad = fork_api.post(f"/v1/envs/{parent['env_id']}/fork", json={"n": 2, "faults": [{}]})
     assert bad.status_code == 400 and "one per child" in bad.json()["error"]
+
+
+def test_a_task_that_names_no_initial_state_is_served_and_a_wrong_one_refused(fork_api, taskset):
+    """A task the project did not draw itself may name no initial state: the host serves it
+    from its own set-up (no state-hash gate at create; fork children still match their parent).
+    A value that is not a sha256 is the request's mistake."""
+    tasks, solutions = taskset
+    task_id = "click_button-s1-000"
+    task = dict(tasks[task_id])
+    task["evaluator"] = {k: v for k, v in task["evaluator"].items() if k != "initial_state_sha256"}
+    env = create(fork_api, task)
+    assert (
+        env["valid"] and env["state_sha256"] == tasks[task_id]["evaluator"]["initial_state_sha256"]
+    )
+    children = fork_api.post(f"/v1/envs/{env['env_id']}/fork", json={"n": 2}).json()["children"]
+    assert [c["valid"] for c in children] == [True, True]
+    done = play(fork_api, children[0], solutions[task_id]["oracle"])
+    assert verify(fork_api, done)["score"] == 1.0
+    task["evaluator"]["initial_state_sha256"] = "not-a-digest"
+    r = fork_api.post("/v1/envs", json={"task": task})
+    assert r.status_code == 400 and "initial_state_sha256 is not a sha256" in r.json()["error"]

@@ -9,12 +9,13 @@ is an edit here and nowhere else; the code pins then make it a new frozen experi
 - `ToolSet` (`tool_set(name)`): the tools, plain functions with Google-style docstrings, which is
   what `apply_chat_template(tools=...)` and TRL turn into JSON schemas. Their bodies never run:
   a stage calls `tools.action_for(name, arguments)` and steps its session instead.
-- `task_prompt(task, screenshot)`: the conversation a task starts with (instruction + first
-  screenshot), exactly as TRL builds it from a `dataset_row` (`prepare_multimodal_messages`).
+- `task_prompt(task, screenshot)`: the conversation a task starts with (the environment's first
+  screenshot, then the instruction), exactly as TRL builds it from a `dataset_row` whose empty
+  first turn `reset()` fills with `first_turn(task, screenshot)`.
 - `tool_message(name, screenshot)`: the message a tool result becomes, exactly as TRL appends it
   (`{"role": "tool", "name": ..., "content": <the tool's list of content blocks>}`).
-- `first_screenshot(task)`: the task's first screen rendered in-process, so the prompt can carry
-  it before any environment exists (TRL's `reset()` can only append text to a prompt).
+- `first_screenshot(task)`: the task's first screen rendered in-process, for arms that promise
+  deterministic screens (their reset must show exactly this) and for the Pillow desktop's tools.
 """
 
 import hashlib
@@ -181,27 +182,23 @@ def instruction_text(task: Mapping) -> str:
     return task["instruction"]
 
 
-def dataset_row(task: Mapping, screenshot: Image.Image) -> dict:
-    """One GRPO dataset row: TRL puts `images` before the text of the first user turn, which
-    gives `task_prompt(task, screenshot)`; `task_id` reaches the environment's `reset`."""
-    return {
-        "prompt": [{"role": "user", "content": instruction_text(task)}],
-        "images": [screenshot],
-        "task_id": task["id"],
-    }
+def dataset_row(task: Mapping) -> dict:
+    """One GRPO dataset row: an empty first user turn that the environment's `reset` fills with
+    `first_turn(task, screenshot)` (TRL appends what reset returns to the last user message),
+    so the first screenshot is the arm's own; `task_id` reaches `reset`."""
+    return {"prompt": [{"role": "user", "content": []}], "task_id": task["id"]}
+
+
+def first_turn(task: Mapping, screenshot: Image.Image | None) -> list[dict]:
+    """The first user turn's content: the environment's first screenshot, then the instruction
+    (the instruction alone when the environment failed before showing one)."""
+    text = {"type": "text", "text": instruction_text(task)}
+    return [{"type": "image", "image": screenshot}, text] if screenshot is not None else [text]
 
 
 def task_prompt(task: Mapping, screenshot: Image.Image) -> list[dict]:
     """The conversation a task starts with: first screenshot, then the instruction."""
-    return [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image", "image": screenshot},
-                {"type": "text", "text": instruction_text(task)},
-            ],
-        }
-    ]
+    return [{"role": "user", "content": first_turn(task, screenshot)}]
 
 
 def tool_result(screenshot: Image.Image | None = None, note: str | None = None) -> list[dict]:
@@ -270,12 +267,12 @@ def screenshot_sha256(image: Image.Image) -> str:
     return hashlib.sha256(header + rgb.tobytes()).hexdigest()
 
 
-def training_rows(tasks: Mapping[str, Mapping]) -> tuple[list[dict], dict[str, str]]:
-    """GRPO dataset rows for `tasks` (id -> task), in id order, and each task's first-screen
-    digest: the environment's first screenshot must equal the one baked into the prompt."""
-    rows, first_screens = [], {}
-    for task_id in sorted(tasks):
-        screenshot = first_screenshot(tasks[task_id])
-        first_screens[task_id] = screenshot_sha256(screenshot)
-        rows.append(dataset_row(tasks[task_id], screenshot))
-    return rows, first_screens
+def training_rows(tasks: Mapping[str, Mapping]) -> list[dict]:
+    """GRPO dataset rows for `tasks` (id -> task), in id order."""
+    return [dataset_row(tasks[task_id]) for task_id in sorted(tasks)]
+
+
+def rendered_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:
+    """Each task's first screen rendered in-process, as a digest: what an arm that promises
+    deterministic screens (`deterministic_screens`) must show at reset."""
+    return {tid: screenshot_sha256(first_screenshot(t)) for tid, t in tasks.items()}

@@ -16,11 +16,14 @@ the verifier) is *invalid*: `get_reward()` returns None, which TRL leaves out of
 and std and gives zero advantage; it is recorded with its verdict and failed gates and is never
 scored 0. After a gate failure mid-episode the tools only answer that the episode is over.
 
-Two gates are checked here, on top of the host's: the session's state hash must be the task's
-initial one, and its first screenshot must equal the one already in the prompt (pre-rendered
-in-process by `agent.first_screenshot`, because `reset` can only append text to a prompt). Both
-failures are recorded as the `state_hash` gate (verdict `state_mismatch`): the state the policy
-was shown is not the state it acts on.
+The first screenshot is the environment's: `reset` returns it with the instruction, and TRL
+appends both to the row's empty first user turn (`agent.dataset_row`), so the prompt the policy
+sees is the arm's own screen, on every backend. Two gates are checked here on top of the
+backend's, where the run asks for them: the session's state hash must be the task's
+`evaluator.initial_state_sha256` (when the task names one), and on an arm that promises
+deterministic screens the first screenshot must equal the in-process render
+(`agent.rendered_first_screens`). Both failures are recorded as the `state_hash` gate (verdict
+`state_mismatch`): the state the policy starts from is not the task's.
 """
 
 from __future__ import annotations
@@ -86,7 +89,9 @@ class Run:
     """What every environment instance of one (arm, seed) run shares."""
 
     tasks: dict[str, dict]  # training tasks by id (held-out ones are never loaded)
-    first_screens: dict[str, str]  # task id -> screenshot_sha256 of the prompt's screenshot
+    # task id -> screenshot_sha256 of the in-process render, on an arm that promises deterministic
+    # screens; None: the environment's first screenshot is taken as it comes.
+    first_screens: dict[str, str] | None
     guard: HeldoutGuard
     ledger: Ledger
     groups: ForkGroups
@@ -117,8 +122,9 @@ class ArmEnvironment:
         self.run = run
         self.episode: Episode | None = None
 
-    def reset(self, task_id: str, **row) -> None:
-        """Start the row's task; returns nothing, the first screenshot is already in the prompt."""
+    def reset(self, task_id: str, **row) -> list[dict]:
+        """Start the row's task; returns the first user turn (the environment's first screenshot,
+        then the instruction) for TRL to append to the row's empty prompt."""
         self.run.guard(task_id)  # a held-out id fails the run here
         task = self.run.tasks.get(task_id)
         if task is None:
@@ -128,16 +134,18 @@ class ArmEnvironment:
         start = self.run.groups.start(task)
         episode = Episode(task, start.session, start.fork_parent, start.env_seconds, utc_now())
         obs = start.session.observation
+        expected_state = task["evaluator"].get("initial_state_sha256")
+        screens = self.run.first_screens
         if not obs.valid:
             episode.failed_gates = tuple(obs.failed_gates)
-        elif (
-            obs.state_sha256 != task["evaluator"]["initial_state_sha256"]
-            or agent.screenshot_sha256(obs.screenshot) != self.run.first_screens[task_id]
+        elif (expected_state is not None and obs.state_sha256 != expected_state) or (
+            screens is not None and agent.screenshot_sha256(obs.screenshot) != screens[task_id]
         ):
             episode.failed_gates = (str(Gate.STATE_HASH),)
         episode.over = bool(episode.failed_gates)
         self.episode = episode
         self.run.clock.reset_done()
+        return agent.first_turn(task, None if episode.over else obs.screenshot)
 
     def _act(self, name: str, arguments: dict) -> list[dict]:
         """One tool call: map it to an action, step the session, return the new screenshot."""
@@ -243,5 +251,5 @@ def environment_factory(run: Run) -> Callable[[], ArmEnvironment]:
 
 
 def expected_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:
-    """The digest of each task's pre-rendered first screenshot (the one its prompt carries)."""
-    return {tid: agent.screenshot_sha256(agent.first_screenshot(t)) for tid, t in tasks.items()}
+    """The digest of each task's in-process first screen (agent.rendered_first_screens)."""
+    return agent.rendered_first_screens(tasks)

@@ -272,17 +272,21 @@ class Prepared:
     """The seeded dataset and the checked starting model."""
 
     dataset: Dataset
-    first_screens: dict[str, str]  # task id -> digest of the screenshot its prompt carries
+    # task id -> digest of the in-process first screen, on an arm with deterministic_screens
+    first_screens: dict[str, str] | None
     model: object
     processor: object
 
 
 def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
-    """Seed, then build the dataset (each training task with its pre-rendered first screenshot)
-    and load the model checked against its receipt; in this order, which fixes the draws."""
+    """Seed, then build the dataset (one row per training task; the first screenshot comes from
+    the arm at reset) and load the model checked against its receipt; in this order, which fixes
+    the draws."""
     set_seed(inputs.seed)
-    rows, first_screens = agent.training_rows(inputs.tasks)
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(agent.training_rows(inputs.tasks))
+    first_screens = None
+    if inputs.pins["arm_config"].get("deterministic_screens"):
+        first_screens = agent.rendered_first_screens(inputs.tasks)
     model, processor = load_checked(model_dir, inputs.receipts)
     return Prepared(dataset, first_screens, model, processor)
 

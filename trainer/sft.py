@@ -5,13 +5,17 @@
         --model results/<exp>/model --tasks results/<exp>/tasks/train.jsonl \
         --solutions results/<exp>/tasks/solutions.jsonl --tools click \
         --settings '{"enabled": true, "steps": 200, "batch_size": 16, "learning_rate": 0.003}' \
+        --arm '{"backend": "drums", "url": "embedded", "mode": "fork"}' \
         --out results/<exp>/sft/model --receipt receipts/<exp>/sft.json
 
-Run once and shared by every arm and seed (it never touches an environment). Each demonstration
-is one training task played by its oracle actions in-process on the embedded desktop, written in
-exactly the conversation format GRPO and the evaluation use (trainer/agent.py): the task prompt,
-then per action the assistant's tool call and the tool message with the new screenshot, then a
-final `done` call. The loss is on the assistant turns only. The output folder is hashed into
+Run once and shared by every arm and seed. Each demonstration is one training task played by its
+oracle actions on the pre-registered evaluation arm's environment (`--arm`), so every screenshot
+in it is an environment's, as in GRPO and the evaluation; it is written in exactly their
+conversation format (trainer/agent.py): the task prompt with the environment's first
+screenshot, then per action the assistant's tool call and the tool message with the new
+screenshot, then a final `done` call. A demonstration whose environment fails a gate, or whose
+oracle does not score 1, stops the job: a warm start never learns from a broken episode.
+The loss is on the assistant turns only. The output folder is hashed into
 receipts/<exp>/sft.json, which depends on the freeze receipts; the trainer loads the warm start
 only through that receipt.
 """
@@ -34,7 +38,8 @@ from trl.chat_template_utils import get_training_chat_template
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from envab import preregistration
-from envab.envs.desktop import Desktop, screen_of
+from envab.envs.arms import ArmError, open_arm
+from envab.envs.protocol import Backend
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
 from envab.progress import Console, duration, eta, job_console
@@ -54,29 +59,48 @@ from envab.trainer.model import ModelPinError, load_checked
 log = logging.getLogger(__name__)
 
 
-def demonstration(task: dict, oracle: list[dict], tools: agent.ToolSet) -> list[dict]:
-    """One task solved by its oracle, as the conversation the policy would have had."""
-    desktop = Desktop(*screen_of(task["config"]))
-    desktop.setup(task["config"])
-    messages = agent.task_prompt(task, desktop.screenshot().convert("RGB"))
-    for action in oracle:
-        name, arguments = agent.call_for(action, tools)
-        desktop.apply(tools.action_for(name, arguments))
-        messages.append(agent.assistant_call(name, arguments))
-        messages.append(agent.tool_message(name, desktop.screenshot().convert("RGB")))
+def demonstration(
+    task: dict, oracle: list[dict], tools: agent.ToolSet, backend: Backend
+) -> list[dict]:
+    """One task solved by its oracle on `backend`, as the conversation the policy would have
+    had: every screenshot the environment's."""
+    with backend.create(task) as session:
+        obs = session.observation
+        if not obs.valid:
+            raise GuardError(f"demonstration {task['id']}: the environment failed {obs.verdict}")
+        messages = agent.task_prompt(task, obs.screenshot)
+        for action in oracle:
+            name, arguments = agent.call_for(action, tools)
+            obs = session.step(tools.action_for(name, arguments))
+            if not obs.valid:
+                raise GuardError(
+                    f"demonstration {task['id']}: the environment failed {obs.verdict}"
+                )
+            messages.append(agent.assistant_call(name, arguments))
+            messages.append(agent.tool_message(name, obs.screenshot))
+        verification = session.verify()
+    if verification.score != 1.0:
+        raise GuardError(
+            f"demonstration {task['id']}: the oracle did not solve it ({verification.verdict}, "
+            f"score {verification.score})"
+        )
     messages.append(agent.assistant_call("done", {}))
     return messages
 
 
 def demonstrations(
-    tasks: list[dict], solutions: dict[str, dict], guard: HeldoutGuard, tools: agent.ToolSet
+    tasks: list[dict],
+    solutions: dict[str, dict],
+    guard: HeldoutGuard,
+    tools: agent.ToolSet,
+    backend: Backend,
 ) -> dict:
     """Task id -> its demonstration, for training tasks only."""
     guard.check_dataset(t["id"] for t in tasks)
     missing = sorted(t["id"] for t in tasks if t["id"] not in solutions)
     if missing:
         raise GuardError(f"no oracle solution for training task(s) {missing[:5]}")
-    return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"], tools) for t in tasks}
+    return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"], tools, backend) for t in tasks}
 
 
 def demonstration_collator(processor, demos: dict, tools: agent.ToolSet):
@@ -147,7 +171,8 @@ def train(args, console: Console) -> dict:
     check_split_file(args.tasks, receipts, "train")
     tasks = list(read_jsonl(args.tasks))
     solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
-    demos = demonstrations(tasks, solutions, guard, tools)
+    with open_arm(json.loads(args.arm)) as backend:
+        demos = demonstrations(tasks, solutions, guard, tools, backend)
     dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
     set_seed(args.seed)
     model, processor = load_checked(args.model, receipts)
@@ -228,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(agent.TOOL_SETS),
         help="config training.tools",
     )
+    parser.add_argument(
+        "--arm",
+        required=True,
+        help="the evaluation arm's config, as JSON: the demonstrations' environment",
+    )
     parser.add_argument("--out", required=True, help="the warm-started model folder")
     parser.add_argument("--receipt", required=True, help="writes: receipts/<exp>/sft.json")
     parser.add_argument("--seed", type=int, default=0)
@@ -239,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         summary = train(args, console)
-    except (GuardError, ConfigError, ModelPinError) as e:
+    except (GuardError, ConfigError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")
         return 2

@@ -24,7 +24,8 @@ any request without the right token, health included, gets 401. Screenshots are 
 Semantics:
 - create runs the task's set-up on the prepared blank desktop: in `restore` mode the worker
   restores it from a saved snapshot; in `fork` mode the worker is a copy-on-write fork of a
-  running prepared desktop. The state hash must equal `task.evaluator.initial_state_sha256`.
+  running prepared desktop. The state hash must equal `task.evaluator.initial_state_sha256`
+  where the task names one (a task the project did not draw itself may not).
 - fork (fork mode only; restore mode answers 501) makes n children in the parent's exact state:
   each child's state hash must equal the parent's. Children keep the parent's generation.
 - step applies one computer_13 action chosen from screenshot `generation`; on success the

@@ -95,7 +95,7 @@ class Environment:
     task: dict
     channel: Channel | None
     pid: int | None
-    expected_sha256: str
+    expected_sha256: str | None  # the state it must start in (None: the task names none)
     parent: str | None = None
     faults: Faults = field(default_factory=Faults)
     generation: int = 0
@@ -128,9 +128,11 @@ def check_task(task: Any) -> dict:
             raise BadRequest(f"task has no {key!r}")
     if not isinstance(task["config"], list):
         raise BadRequest(f"task {task['id']}: config must be a list of set-up steps")
-    expected = (task["evaluator"] or {}).get("initial_state_sha256")
-    if not isinstance(expected, str) or len(expected) != 64:
-        raise BadRequest(f"task {task['id']}: evaluator.initial_state_sha256 is missing")
+    if not isinstance(task["evaluator"], Mapping):
+        raise BadRequest(f"task {task['id']}: evaluator must be an object")
+    expected = task["evaluator"].get("initial_state_sha256")
+    if expected is not None and (not isinstance(expected, str) or len(expected) != 64):
+        raise BadRequest(f"task {task['id']}: evaluator.initial_state_sha256 is not a sha256")
     return dict(task)
 
 
@@ -229,7 +231,7 @@ class Pool:
             task=task,
             channel=channel,
             pid=pid,
-            expected_sha256=task["evaluator"]["initial_state_sha256"],
+            expected_sha256=task["evaluator"].get("initial_state_sha256"),
             faults=armed,
         )
         reply = self._call(
@@ -242,7 +244,7 @@ class Pool:
         if reply is not None:
             env.state_sha256 = reply["state_sha256"]
             png = reply["screenshot"]
-            if env.state_sha256 != env.expected_sha256:
+            if env.expected_sha256 is not None and env.state_sha256 != env.expected_sha256:
                 self._quarantine(env, Gate.STATE_HASH)
             elif self._blank(png):
                 self._quarantine(env, Gate.SCREEN_NOT_BLANK)
