@@ -39,7 +39,12 @@ def test_a_malformed_task_line_is_named_and_nothing_frozen_is_lost(workflow):
     source = workflow.root / "tasks-in.jsonl"
     lines = [
         json.dumps(
-            {"id": f"t{n}", "instruction": "Click OK.", "config": [], "evaluator": {"func": "f"}}
+            {
+                "id": f"t{n}",
+                "instruction": "Click OK.",
+                "config": [],
+                "evaluator": {"func": "values_match"},
+            }
         )
         for n in range(3)
     ]

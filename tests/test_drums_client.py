@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 import secrets
 from collections import Counter
@@ -19,6 +20,7 @@ from envab.envs.host import serve_embedded
 from envab.envs.protocol import ActionRejected, ForkUnsupported, Verification
 from envab.envs.tasks.build import build
 from envab.envs.tasks.validate import validate
+from envab.hashing import sha256_json
 
 CLICK_CORNER = {"action_type": "CLICK", "parameters": {"x": 1, "y": 1}}
 
@@ -357,6 +359,29 @@ def test_a_host_that_restarts_mid_step_loses_its_environments_and_comes_back(
             assert fresh.step(oracle[0]).valid and fresh.verify().score == 1.0
     lines = log.read_text()
     assert "2 environments lost" in lines and "starting it again (restart 1)" in lines
+
+
+def test_a_task_is_created_by_id_from_the_tasks_the_host_serves(token, taskset, tmp_path):
+    """drums-verifiers creates an environment from a task or by its id (drumsd serves OSWorld's
+    tasks from its pinned checkout): the embedded host serves a tasks.jsonl by id, and says by a
+    digest which task it set up, so a caller can hold it to its frozen copy."""
+    tasks, _ = taskset
+    served = tmp_path / "tasks.jsonl"
+    served.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    task, oracle = task_named(taskset, "click_button")
+    with (
+        serve_embedded("fork", token[1], extra_args=["--tasks", str(served)]) as url,
+        DrumsBackend(url, token_file=token[1]) as backend,
+    ):
+        with backend.create_by_id(task["id"]) as session:
+            assert session.valid and session.task_sha256 == sha256_json(task)
+            for action in oracle:
+                session.step(action)
+            assert session.verify().score == 1.0
+        with backend.create(task) as whole:  # sent whole: the same task, the same digest
+            assert whole.task_sha256 == sha256_json(task)
+        with pytest.raises(DrumsError, match="unknown task_id 'nope': this host serves"):
+            backend.create_by_id("nope")
 
 
 def test_a_refused_action_is_the_protocols_action_rejected_with_the_hosts_line(

@@ -245,3 +245,38 @@ def test_the_workflow_freezes_and_splits_an_osworld_folder_by_domain(workflow):
     )
     verified = workflow.python("-m", "envab.verify", f"receipts/{EXP}")
     assert verified.returncode == 0, verified.stdout
+
+
+def test_every_fixture_task_names_metrics_and_getters_desktop_env_has():
+    from envab.envs.tasks.evaluators import registry
+
+    reg = registry()
+    for t in load_dir(FIXTURE, INDEX).tasks:
+        assert reg.missing(t.task) == [], t.task["id"]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda ev: ev.update(func="no_such_metric"), "metric 'no_such_metric'"),
+        (lambda ev: ev["result"].update(type="no_such_getter"), "result getter 'no_such_getter'"),
+        (lambda ev: ev["expected"].update(type="lost_file"), "expected getter 'lost_file'"),
+    ],
+    ids=["metric", "result getter", "expected getter"],
+)
+def test_a_task_no_verifier_can_score_is_refused_at_freeze(tmp_path, change, named):
+    """A metric or getter that neither desktop-env nor this project's checkers provide would
+    fail at the first verification, hours into training: the freeze refuses it, naming it."""
+    from envab.envs.tasks.evaluators import registry
+
+    root = _malformed(
+        tmp_path,
+        lambda root, _: _edit_json(
+            _task_file(root, "libreoffice_writer"), lambda t: change(t["evaluator"])
+        ),
+    )
+    with pytest.raises(TaskSourceError) as refused:
+        load_dir(root, root / "test_all.json")
+    message = str(refused.value)
+    assert message.startswith("examples/libreoffice_writer/")
+    assert named in message and f"desktop-env {registry().version}" in message

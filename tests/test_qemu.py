@@ -348,3 +348,40 @@ def test_sessions_open_at_once_get_a_vm_each_up_to_max_vms(pool, taskset, monkey
         with pytest.raises(RuntimeError, match="raise max_vms"):
             pool.create(tasks[2])
     assert len(pool.slots) == 2
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie no one has reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+@needs_qemu
+def test_a_killed_job_takes_its_vms_with_it():
+    """kill -9 of the process that holds a QEMU pool: its VMs go with it. They were started by
+    the pool's launcher threads, which end long before the job does, so the parent-death signal
+    is armed on one thread that lives as long as the process (envs/lifetime.py)."""
+    script = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from envab.envs.qemu.pool import QemuConfig, QemuPool\n"
+        f"pool = QemuPool(QemuConfig(vms=2, cache=Path({str(CACHE)!r})))\n"
+        "print(' '.join(str(s.vm.proc.pid) for s in pool.slots), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    job = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in job.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(1.0)  # the launcher threads have ended by now; the VMs must still run
+        assert all(_running(p) for p in pids)
+    finally:
+        job.kill()
+        job.wait()
+    deadline = time.monotonic() + 15
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(p) for p in pids), "a VM outlived the job that started it"

@@ -156,16 +156,26 @@ class DrumsBackend(Backend):
             raise DrumsError(f"the Drums host at {self.url} does not answer: {e.reason}") from None
 
     def create(self, task: Mapping, *, faults: Mapping | None = None) -> DrumsSession:
-        body = {"task": dict(task)}
+        """An environment for `task`, sent whole."""
+        return self._create({"task": dict(task)}, task.get("id"), faults)
+
+    def create_by_id(self, task_id: str, *, faults: Mapping | None = None) -> DrumsSession:
+        """An environment for a task the host serves by id (as drumsd serves its pinned OSWorld
+        checkout); the session's `task_sha256` says which task the host used."""
+        return self._create({"task_id": task_id}, task_id, faults)
+
+    def _create(self, body: dict, task_id: str | None, faults: Mapping | None) -> DrumsSession:
         if faults:
             body["faults"] = dict(faults)
         try:
             reply = self._request("POST", "/v1/envs", json=body, timeout=self.create_timeout_s)
         except _Unreachable as e:
-            log.warning("create %s: %s", task.get("id"), e.reason)
-            return DrumsSession(self, None, _invalid(0, e.gate), task.get("id"), reason=e.reason)
+            log.warning("create %s: %s", task_id, e.reason)
+            return DrumsSession(self, None, _invalid(0, e.gate), task_id, reason=e.reason)
         obs = _observation(reply, _image(reply.get("screenshot_png")))
-        return DrumsSession(self, reply["env_id"], obs, task.get("id"), timings=reply["timings"])
+        session = DrumsSession(self, reply["env_id"], obs, task_id, timings=reply["timings"])
+        session.task_sha256 = reply.get("task_sha256")
+        return session
 
     def close(self) -> None:
         self._http.close()
@@ -257,6 +267,7 @@ class DrumsSession(Session):
         self.parent = parent
         self.timings = timings or {}
         self._reason = reason  # why the client gave up on this environment, if it did
+        self.task_sha256: str | None = None  # the host's digest of the task it set up
         self._closed = env_id is None
 
     def __repr__(self) -> str:

@@ -9,9 +9,10 @@ any request without the right token, health included, gets 401. Screenshots are 
 
     GET    /v1/health                 -> {status, mode, can_fork, environments, zygote_pid,
                                               allow_faults}
-    POST   /v1/envs                   {task, faults?}
+    POST   /v1/envs                   {task | task_id, faults?}
                                       -> 201 {env_id, generation: 0, screenshot_png,
-                                              state_sha256, valid, verdict, failed_gates, timings}
+                                              state_sha256, task_sha256, valid, verdict,
+                                              failed_gates, timings}
     POST   /v1/envs/{id}/fork         {n, faults?}
                                       -> {children: [{env_id, generation, state_sha256, valid,
                                               verdict, failed_gates}], timings}
@@ -22,6 +23,8 @@ any request without the right token, health included, gets 401. Screenshots are 
     DELETE /v1/envs/{id}              -> {env_id, closed}
 
 Semantics:
+- create takes the task whole, or by `task_id` from the tasks.jsonl the host was started with
+  (`--tasks`); `task_sha256` is the digest of the task it set up (`envab.hashing.sha256_json`).
 - create runs the task's set-up on the prepared blank desktop: in `restore` mode the worker
   restores it from a saved snapshot; in `fork` mode the worker is a copy-on-write fork of a
   running prepared desktop. The state hash must equal `task.evaluator.initial_state_sha256`

@@ -34,6 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--create-timeout", type=float, default=60.0, help="seconds per create/fork")
     p.add_argument("--max-envs", type=int, default=512)
     p.add_argument("--access-log", action="store_true", help="log every request line")
+    p.add_argument("--tasks", help="a tasks.jsonl to serve by id (create with a task_id)")
     # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.
     p.add_argument("--desktop", default=HostConfig.desktop, help=argparse.SUPPRESS)
     p.add_argument("--checker", default=HostConfig.checker, help=argparse.SUPPRESS)
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         desktop=args.desktop,
         checker=args.checker,
         screen_of=args.screen_of,
+        tasks=args.tasks,
     )
     app = build_app(config, host_token(args.token_file))
     if args.allow_faults:

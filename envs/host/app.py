@@ -93,10 +93,11 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
 
     @app.post(f"{API}/envs", status_code=201)
     def create(
-        task: Annotated[dict, Body(embed=True)],
+        task: Annotated[dict | None, Body(embed=True)] = None,
+        task_id: Annotated[str | None, Body(embed=True)] = None,
         faults: Annotated[dict | None, Body(embed=True)] = None,
     ) -> dict:
-        return pool.create(task, faults)
+        return pool.create(pool.task_for(task, task_id), faults)
 
     @app.post(f"{API}/envs/{{env_id}}/fork")
     def fork(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import logging
 import os
 import signal
@@ -43,6 +44,7 @@ from envab.envs.protocol import (
     is_blank,
     verdict_for,
 )
+from envab.hashing import sha256_json
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class HostConfig:
     desktop: str = "envab.envs.desktop:Desktop"
     checker: str = "envab.envs.tasks.checkers:check"
     screen_of: str = "envab.envs.desktop:screen_of"
+    tasks: str | None = None  # a tasks.jsonl this host serves by id (create {"task_id": ...})
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -136,6 +139,16 @@ def check_task(task: Any) -> dict:
     return dict(task)
 
 
+def _served_tasks(path: str | None) -> dict[str, dict]:
+    """The tasks of a tasks.jsonl, by id (a host that serves tasks by id, as drumsd serves its
+    pinned OSWorld checkout's)."""
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as f:
+        tasks = [json.loads(line) for line in f if line.strip()]
+    return {t["id"]: t for t in tasks}
+
+
 def _faults(d: Any) -> Faults:
     try:
         return Faults.parse(d)
@@ -160,6 +173,7 @@ class Pool:
         self._zygote: Channel | None = None
         self._zygote_proc: subprocess.Popen | None = None
         self.zygote_pid: int | None = None
+        self.tasks = _served_tasks(config.tasks)
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -204,6 +218,18 @@ class Pool:
         return len(self._envs)
 
     # --- the protocol -----------------------------------------------------------------------
+
+    def task_for(self, task: Any, task_id: Any) -> Any:
+        """The task a create request names: given whole, or by id from the tasks this host
+        serves (its --tasks file), never both."""
+        if (task is None) == (task_id is None):
+            raise BadRequest("give the task, or its task_id, not both")
+        if task_id is None:
+            return task
+        if task_id not in self.tasks:
+            served = f"{len(self.tasks)} tasks" if self.tasks else "no tasks by id (no --tasks)"
+            raise BadRequest(f"unknown task_id {task_id!r}: this host serves {served}")
+        return self.tasks[task_id]
 
     def create(self, task: Any, faults: Mapping | None = None) -> dict:
         task = check_task(task)
@@ -257,6 +283,7 @@ class Pool:
         )
         return {
             **env.status(),
+            "task_sha256": sha256_json(task),
             "screenshot_png": b64_png(None if env.quarantined else png),
             "timings": timings,
         }

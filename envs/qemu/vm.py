@@ -25,6 +25,7 @@ from PIL import Image
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
+from envab.envs.lifetime import start_child
 from envab.envs.qemu.tools import require
 
 AGENT_PORT = "org.envab.desktop.0"
@@ -224,7 +225,8 @@ class VM:
         if loadvm:
             args += ["-loadvm", loadvm]
         log = open(self.run_dir / "qemu.log", "ab")  # noqa: SIM115 - lives as long as QEMU
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        # Started on the one thread that lives as long as this process: the VM dies with the job.
+        self.proc = start_child(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
         paths = [self.run_dir / name for name in SOCKETS]

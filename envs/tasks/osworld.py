@@ -14,8 +14,9 @@ file's original bytes). A tasks.jsonl is kept line for line; its tasks keep thei
 An id listed under two domains (or found in two domain folders) is one task when the files are
 byte-identical: it is kept under the first domain in sorted order, and the report says which
 domains named it. Two different files with one id, an id that is not its file's name, an index
-entry without a file, and a malformed task are refused with the file (or line) and the reason.
-The same inputs always give the same bytes out.
+entry without a file, a malformed task, and a task naming a metric or getter that no verifier
+here provides (envs/tasks/evaluators.py: OSWorld's desktop-env, or this project's checkers) are
+refused with the file (or line) and the reason. The same inputs always give the same bytes out.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envab.envs.tasks.evaluators import EvaluatorsMissing, missing_evaluators
 from envab.hashing import sha256_bytes
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
 
@@ -137,9 +139,13 @@ def _parse(raw: bytes, origin: str) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TaskSourceError(f"{origin}: not JSON ({e})") from None
     try:
-        return check_task(task)
+        task = check_task(task)
     except TaskSourceError as e:
         raise TaskSourceError(f"{origin}: {e}") from None
+    gaps = missing_evaluators(task)
+    if gaps:
+        raise TaskSourceError(f"{origin}: task {task['id']}: no {', no '.join(gaps)}")
+    return task
 
 
 # --- sources ------------------------------------------------------------------------------------
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         frozen = load_dir(args.dir, args.index) if args.dir else load_jsonl(args.jsonl)
-    except (TaskSourceError, OSError) as e:
+    except (TaskSourceError, EvaluatorsMissing, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write(frozen, args.tasks, args.sources if args.dir else None, args.report)
