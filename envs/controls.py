@@ -80,6 +80,9 @@ class ControlSession(Session):
     def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
         return self.inner.step(action, generation=generation)
 
+    def observe(self) -> Observation:
+        return self.inner.observe()
+
     def fork(self, n: int, **faults) -> list[Session]:
         return [ControlSession(child, self.backend) for child in self.inner.fork(n, **faults)]
 

@@ -31,6 +31,7 @@ Gates (what is checked, and the verdict its failure gives): see `GATE_VERDICT`.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -291,6 +292,11 @@ class Session(ABC):
     def step(self, action: Mapping, *, generation: int | None = None) -> Observation:
         """Apply one action chosen from screenshot `generation` (default: the latest one)."""
 
+    def observe(self) -> Observation:
+        """The screen as it is now, without acting: the same generation, a fresh screenshot
+        (for letting a desktop settle). Gates apply as on a step."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look without acting")
+
     def fork(self, n: int) -> list[Session]:
         """n children in exactly this session's state; the parent stays usable."""
         raise ForkUnsupported(f"{type(self).__name__} cannot fork; create {n} sessions instead")
@@ -308,6 +314,26 @@ class Session(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def settle(session: Session, settle_s: float, poll_s: float = 0.1) -> Observation:
+    """Let the desktop settle (drums-verifiers' settle before a fork): look until two screenshots
+    `poll_s` apart are the same, for at most `settle_s`; the last observation."""
+    obs = session.observation
+    deadline = time.monotonic() + settle_s
+    while obs.valid:
+        time.sleep(poll_s)
+        now = session.observe()
+        same = (
+            now.valid
+            and now.screenshot is not None
+            and obs.screenshot is not None
+            and (now.screenshot.tobytes() == obs.screenshot.tobytes())
+        )
+        obs = now
+        if same or time.monotonic() >= deadline:
+            break
+    return obs
 
 
 class Backend(ABC):

@@ -221,7 +221,17 @@ def test_a_turn_ends_right_after_its_first_tool_call(task_set, tiny):
 # --- the environment on the embedded host --------------------------------------------------------
 
 
-def make_run(tmp_path, backend, tasks, group=2, faults=None, heldout=frozenset(), screens=None):
+def make_run(
+    tmp_path,
+    backend,
+    tasks,
+    group=2,
+    faults=None,
+    heldout=frozenset(),
+    screens=None,
+    prefix=(),
+    settle_s=0.0,
+):
     ledger = Ledger(
         str(tmp_path / "trajectories.jsonl"),
         str(tmp_path / "checkpoints.jsonl"),
@@ -235,7 +245,7 @@ def make_run(tmp_path, backend, tasks, group=2, faults=None, heldout=frozenset()
         screens or expected_first_screens(tasks),
         HeldoutGuard(heldout),
         ledger,
-        ForkGroups(backend, group, faults),
+        ForkGroups(backend, group, faults, prefix=prefix, settle_s=settle_s),
         tools=COMPUTER_13,
         max_turns=6,
         clock=GenerationClock(),
@@ -291,6 +301,51 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, m
         (r["env"], r["parent"], r["valid"], r["score"], r["reward"], r["dropped"], r["trusted"])
         for r in record
     ] == [(x["env_id"], x["fork_parent"], True, x["score"], x["reward"], None, True) for x in lines]
+
+
+PREFIX_ARMS = {
+    "restore": {"backend": "drums", "url": "embedded", "mode": "restore"},
+    "fork": {"backend": "drums", "url": "embedded", "mode": "fork"},
+    "qemu": {"backend": "qemu", "cache": os.environ.get("ENVAB_QEMU_CACHE", "build/qemu")},
+}
+
+
+@pytest.mark.parametrize("kind", PREFIX_ARMS)
+def test_a_prefix_is_played_and_settled_before_every_group(tmp_path, task_set, kind):
+    """drums-verifiers' fork_n with a prefix and a settle: the prefix is played on the fork
+    parent (on each session where the arm cannot fork), the desktop is let settle, and every
+    attempt starts from the screen the prefix reached, as the in-process render says."""
+    if kind == "qemu" and shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
+    tasks, solutions = task_set
+    task_id = next(t for t in sorted(tasks) if len(solutions[t]["oracle"]) >= 2)
+    task, oracle = tasks[task_id], solutions[task_id]["oracle"]
+    prefix, rest = oracle[:1], oracle[1:]
+    arm = {**PREFIX_ARMS[kind], **({"vms": 2} if kind == "qemu" else {})}
+    with open_arm(arm) as backend:
+        screens = agent.rendered_first_screens({task_id: task}, prefix)
+        run = make_run(
+            tmp_path, backend, {task_id: task}, screens=screens, prefix=prefix, settle_s=0.3
+        )
+        envs = [environment_class(COMPUTER_13)(run) for _ in range(2)]
+        for env in envs:
+            turn = env.reset(task_id=task_id)
+            shot = agent.screenshot_sha256(turn[0]["image"])
+            assert shot == screens[task_id] != agent.screenshot_sha256(agent.first_screenshot(task))
+        play(envs[0], task_id, rest)  # the rest of the oracle solves it from there
+        envs[1].done()
+        assert [env.get_reward() for env in envs] == [1.0, 0.0]
+    lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert [x["actions"] for x in lines] == [len(rest) + 1, 1]  # the prefix is not the policy's
+
+
+def test_a_prefix_the_environment_refuses_stops_the_run_with_one_line(tmp_path, task_set):
+    tasks, _ = task_set
+    task_id = sorted(tasks)[0]
+    off_screen = {"action_type": "CLICK", "parameters": {"x": 999, "y": 1}}
+    run = make_run(tmp_path, LocalBackend(), {task_id: tasks[task_id]}, prefix=[off_screen])
+    with pytest.raises(RuntimeError, match=r"training.grpo.prefix\[0\] .* was refused"):
+        environment_class(COMPUTER_13)(run).reset(task_id=task_id)
 
 
 def refusals(backend, tmp_path, tasks, task_id) -> list:

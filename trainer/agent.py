@@ -19,7 +19,7 @@ is an edit here and nowhere else; the code pins then make it a new frozen experi
 """
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from PIL import Image
@@ -253,10 +253,13 @@ def call_for(action: Mapping, tools: ToolSet) -> tuple[str, dict]:
 # --- the first screen ----------------------------------------------------------------------------
 
 
-def first_screenshot(task: Mapping) -> Image.Image:
-    """The task's first screen, rendered in-process from its set-up (no environment needed)."""
+def first_screenshot(task: Mapping, prefix: Sequence[Mapping] = ()) -> Image.Image:
+    """The task's first screen, rendered in-process from its set-up and the prefix actions
+    played before a group (no environment needed)."""
     desktop = Desktop(*screen_of(task["config"]))
     desktop.setup(task["config"])
+    for action in prefix:
+        desktop.apply(check_action(action))
     return desktop.screenshot().convert("RGB")
 
 
@@ -272,7 +275,9 @@ def training_rows(tasks: Mapping[str, Mapping]) -> list[dict]:
     return [dataset_row(tasks[task_id]) for task_id in sorted(tasks)]
 
 
-def rendered_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:
-    """Each task's first screen rendered in-process, as a digest: what an arm that promises
-    deterministic screens (`deterministic_screens`) must show at reset."""
-    return {tid: screenshot_sha256(first_screenshot(t)) for tid, t in tasks.items()}
+def rendered_first_screens(
+    tasks: Mapping[str, Mapping], prefix: Sequence[Mapping] = ()
+) -> dict[str, str]:
+    """Each task's first screen rendered in-process (after the prefix), as a digest: what an arm
+    that promises deterministic screens (`deterministic_screens`) must show at reset."""
+    return {tid: screenshot_sha256(first_screenshot(t, prefix)) for tid, t in tasks.items()}

@@ -14,6 +14,14 @@ child. On an arm that cannot fork, each reset creates (restores and sets up) its
 Either way the caller gets a session whose state must hash to the task's
 `evaluator.initial_state_sha256`, and the same drop rule applies (trainer/environment.py).
 
+A `prefix` (computer_13 actions, the same for every task and arm) is played before the group
+starts, then the desktop is let settle (drums-verifiers' fork_n with a prefix and a settle): on
+the parent before it forks, or on each session of a group that cannot fork, so every attempt
+starts from the state the prefix reached, on every arm. An action the environment refuses is a
+configuration error and stops the run; a gate failing during the prefix makes the group's
+attempts invalid with that gate. Step faults count the prefix's actions too, on both kinds of arm
+(a fork child counts on from its parent), so a plan names the steps after it.
+
 Fault injection (tests and reliability runs): `faults` maps an attempt's ordinal (0-based count
 of resets in the run) to the fault switches (envs/faults.py) for the environment that serves it:
 its `create` on a restore arm, its child in the group's `fork` on a fork arm. `group_faults` maps
@@ -25,10 +33,10 @@ the group on a restore arm. Either way the same attempts fail the same gates on 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from envab.envs.protocol import Backend, Session
+from envab.envs.protocol import Backend, Session, settle
 
 
 @dataclass
@@ -48,12 +56,16 @@ class ForkGroups:
         faults: Mapping[int, Mapping] | None = None,
         clock: Callable[[], float] = time.monotonic,
         group_faults: Mapping[int, Mapping] | None = None,
+        prefix: Sequence[Mapping] = (),
+        settle_s: float = 0.0,
     ):
         self.backend = backend
         self.group_size = group_size
         self.fork = bool(backend.can_fork)
         self.faults = dict(faults or {})
         self.group_faults = dict(group_faults or {})
+        self.prefix = [dict(a) for a in prefix]
+        self.settle_s = settle_s
         self.clock = clock
         self.resets = 0  # attempts started in this run
         self._task_id: str | None = None  # the open group's task
@@ -98,9 +110,23 @@ class ForkGroups:
 
     def _create(self, task: Mapping, own: Mapping | None, group: Mapping | None) -> Session:
         faults = {**(group or {}), **(own or {})}
-        if faults:
-            return self.backend.create(task, faults=faults)
-        return self.backend.create(task)
+        session = self.backend.create(task, **({"faults": faults} if faults else {}))
+        self._prepare(session)
+        return session
+
+    def _prepare(self, session: Session) -> None:
+        """Play the prefix and let the desktop settle (nothing when neither is set)."""
+        for n, action in enumerate(self.prefix):
+            if not session.valid:
+                return
+            try:
+                session.step(action)
+            except ValueError as e:
+                raise RuntimeError(
+                    f"training.grpo.prefix[{n}] {action} was refused by the environment: {e}"
+                ) from None
+        if session.valid and (self.prefix or self.settle_s):
+            settle(session, self.settle_s)
 
     def close(self) -> None:
         for child in self._children:

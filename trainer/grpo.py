@@ -106,6 +106,8 @@ class GrpoSettings:
     max_completion_length: int
     temperature: float
     beta: float
+    prefix: tuple = ()  # computer_13 actions played before each group (trainer/forkgroups.py)
+    settle_s: float = 0.0
 
     @property
     def batch_size(self) -> int:  # completions per GRPO step
@@ -286,7 +288,7 @@ def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
     dataset = Dataset.from_list(agent.training_rows(inputs.tasks))
     first_screens = None
     if inputs.pins["arm_config"].get("deterministic_screens"):
-        first_screens = agent.rendered_first_screens(inputs.tasks)
+        first_screens = agent.rendered_first_screens(inputs.tasks, inputs.settings.prefix)
     model, processor = load_checked(model_dir, inputs.receipts)
     return Prepared(dataset, first_screens, model, processor)
 
@@ -592,6 +594,8 @@ def train(args, console: Console) -> dict:
             inputs.settings.num_generations,
             inputs.faults.attempts,
             group_faults=inputs.faults.groups,
+            prefix=inputs.settings.prefix,
+            settle_s=inputs.settings.settle_s,
         )
         trainer, callback = build_trainer(
             inputs, prepared, ledger, groups, outputs, journal, restart, args, console, tracker

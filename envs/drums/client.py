@@ -290,6 +290,21 @@ class DrumsSession(Session):
         self.timings = reply.get("timings", {})
         return self.observation
 
+    def observe(self) -> Observation:
+        """The screen now, without acting (for a settle)."""
+        if not self.observation.valid:
+            return self.observation
+        try:
+            reply = self.backend._request(
+                "GET", f"/v1/envs/{self.env_id}/screenshot", idempotent=True
+            )
+        except _Unreachable as e:
+            self._give_up(e)
+            return self.observation
+        screenshot = _image(reply.get("screenshot_png"))
+        self.observation = _observation(reply, screenshot, self.observation.done)
+        return self.observation
+
     def fork(self, n: int, *, faults: list[Mapping] | None = None) -> list[DrumsSession]:
         """n children; `faults` (tests, reliability runs) arms each child's fault switches."""
         if not self.observation.valid:  # children of a quarantined parent are invalid too

@@ -19,6 +19,8 @@ any request without the right token, health included, gets 401. Screenshots are 
     POST   /v1/envs/{id}/step         {action, generation}
                                       -> {env_id, generation, screenshot_png, state_sha256, done,
                                               valid, verdict, failed_gates, timings}
+    GET    /v1/envs/{id}/screenshot   -> {env_id, generation, screenshot_png, state_sha256,
+                                              valid, verdict, failed_gates}  (no action)
     POST   /v1/envs/{id}/verify       -> {score, valid, verdict, failed_gates, audit}
     DELETE /v1/envs/{id}              -> {env_id, closed}
 

@@ -107,6 +107,10 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
     ) -> dict:
         return pool.fork(env_id, n, faults)
 
+    @app.get(f"{API}/envs/{{env_id}}/screenshot")
+    def observe(env_id: str) -> dict:
+        return pool.observe(env_id)
+
     @app.post(f"{API}/envs/{{env_id}}/step")
     def step(
         env_id: str,

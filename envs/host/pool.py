@@ -388,6 +388,24 @@ class Pool:
             "timings": {"step_s": time.perf_counter() - t0},
         }
 
+    def observe(self, env_id: str) -> dict:
+        """The environment's screen now, without acting (the same generation), gated as a
+        step's: the worker alive, the frame its latest, the screen not blank."""
+        env = self._get(env_id)
+        with env.lock:
+            png = None
+            if not env.quarantined:
+                reply = self._call(env, ("observe",), self.config.step_timeout_s, Gate.WORKER_ALIVE)
+                if reply is not None:
+                    env.state_sha256 = reply["state_sha256"]
+                    png = reply["screenshot"]
+                    if reply.get("frame") != env.steps:
+                        self._quarantine(env, Gate.SCREEN_CURRENT)
+                    elif self._blank(png):
+                        self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+            status = env.status()
+        return {**status, "screenshot_png": b64_png(None if env.quarantined else png)}
+
     def _die(self, env: Environment) -> None:
         """The host process dies mid-step (fault restart_host_at_step), as on a crash or a reboot:
         no answer, every environment lost with it. Whoever supervises the host starts it again."""

@@ -191,6 +191,15 @@ class Worker:
         self.shown = (png_bytes(image), self.steps)
         return {"screenshot": self.shown[0], "frame": self.steps, "state_sha256": state}
 
+    def op_observe(self) -> dict:
+        """The screen now, without acting: a fresh drawing of the current frame."""
+        self.shown = (png_bytes(self.desktop.screenshot()), self.steps)
+        return {
+            "screenshot": self.shown[0],
+            "frame": self.steps,
+            "state_sha256": self.desktop.state_hash(),
+        }
+
     def op_state(self) -> dict:
         return {"state": self.desktop.state(), "state_sha256": self.desktop.state_hash()}
 

@@ -164,6 +164,7 @@ class QemuSession(Session):
         self.screen = tuple(screen_of(task["config"]))
         self.fb = (0, 0)
         self._shown: Image.Image | None = None  # the last whole screendump that was current
+        self._drawn: Mapping = {}  # the agent's last frame: its digest and number
         self.state_sha256: str | None = None
         self.observation = Observation(0, None)
         try:
@@ -201,6 +202,7 @@ class QemuSession(Session):
         if expected is not None and self.state_sha256 != expected:
             raise GateFailed(Gate.STATE_HASH, "state after restore and set-up is not the task's")
         shot = self._screen(reply, deadline)
+        self._drawn = reply
         self.timings.update(loadvm_s=t1 - t0, setup_s=t2 - t1, create_s=time.perf_counter() - t0)
         return shot
 
@@ -239,6 +241,7 @@ class QemuSession(Session):
             display = "blank" if self.faults.at("blank", n) else None
             display = "stale" if self.faults.at("stale", n) else display
             shot = self._screen(reply, deadline, display)
+            self._drawn = reply
         except GateFailed as e:
             return self._fail(e.gate, self.generation, str(e))
         if self.faults.at("unknown_gate", n):
@@ -251,6 +254,21 @@ class QemuSession(Session):
         done = parsed.kind in TERMINAL_ACTIONS
         self.observation = Observation(
             self.generation + 1, shot, done=done, state_sha256=self.state_sha256
+        )
+        return self.observation
+
+    def observe(self) -> Observation:
+        """The screen now (a screendump), without acting; it must show the agent's last frame."""
+        if self.failed_gates:
+            return self.observation
+        self._open()
+        deadline = time.monotonic() + self.pool.config.step_timeout_s
+        try:
+            shot = self._screen(self._drawn, deadline)
+        except GateFailed as e:
+            return self._fail(e.gate, self.generation, str(e))
+        self.observation = Observation(
+            self.generation, shot, done=self.observation.done, state_sha256=self.state_sha256
         )
         return self.observation
 

@@ -70,6 +70,12 @@ class LocalSession(Session):
         self.desktop.apply(action)
         return self._observe(self.generation + 1, action["action_type"] in TERMINAL_ACTIONS)
 
+    def observe(self) -> Observation:
+        if self.failed_gates:
+            return self.observation
+        self._open()
+        return self._observe(self.generation, self.observation.done)
+
     def verify(self) -> Verification:
         audit = {"env_id": self.env_id, "task": self.task["id"], "backend": "local"}
         if self.failed_gates:
