@@ -10,6 +10,8 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -441,3 +443,30 @@ def test_a_task_that_names_no_initial_state_is_served_and_a_wrong_one_refused(fo
     task["evaluator"]["initial_state_sha256"] = "not-a-digest"
     r = fork_api.post("/v1/envs", json={"task": task})
     assert r.status_code == 400 and "initial_state_sha256 is not a sha256" in r.json()["error"]
+
+
+def test_a_killed_job_takes_its_host_and_workers_with_it(token):
+    """kill -9 of a job that started the embedded host: the host gets the parent-death signal
+    (envs/lifetime.py) and its zygote and workers exit when their channels close."""
+    value, path = token
+    script = (
+        "import time, httpx\n"
+        "from envab.envs.host import serve_embedded\n"
+        f"with serve_embedded('fork', {str(path)!r}) as url:\n"
+        f"    auth = {{'Authorization': 'Bearer {value}'}}\n"
+        "    health = httpx.get(url + '/v1/health', headers=auth)\n"
+        "    print(url, health.json()['zygote_pid'], flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    job = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        url, zygote = job.stdout.readline().split()
+    finally:
+        job.kill()
+        job.wait()
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{zygote}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{zygote}").exists(), "the host's zygote outlived the job"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/v1/health", timeout=2)

@@ -10,7 +10,6 @@ channel closes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import queue
 import secrets
@@ -27,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from envab.envs.auth import TokenError, read_token
+from envab.envs.lifetime import start_child
 
 
 def host_token(path: str | Path) -> str:
@@ -104,9 +104,8 @@ def serve_embedded(
 
 
 class _Supervisor(threading.Thread):
-    """Starts the host and starts it again when it dies before `stop()`. Every start happens on
-    this one thread, so the parent-death signal (tied to the starting thread) fires only when
-    the job itself goes."""
+    """Starts the host and starts it again when it dies before `stop()`; each start goes through
+    envs/lifetime.py, so the host dies with the job however the job goes."""
 
     def __init__(self, cmd: list[str], listener: socket.socket, log, max_restarts: int):
         super().__init__(name="embedded-host", daemon=True)
@@ -162,29 +161,18 @@ class _Supervisor(threading.Thread):
 
     def _popen(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        return subprocess.Popen(
+        return start_child(
             self.cmd,
             pass_fds=[self.listener.fileno()],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_die_with_parent,
         )
 
     def _write(self, line: str) -> None:
         if self.log is not subprocess.DEVNULL:
             self.log.write(line.encode())
             self.log.flush()
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the thread that started it exits (the host then
-    stops as on any SIGTERM)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _wait_healthy(url, token, proc, timeout_s, log_path) -> None:
