@@ -11,8 +11,9 @@ resets: each run of G consecutive resets is one group, and all of them must name
 On an arm whose backend can fork, the first reset of a group creates the parent (the task's
 set-up runs once), forks it into G children and closes it; each reset of the group takes the next
 child. On an arm that cannot fork, each reset creates (restores and sets up) its own session.
-Either way the caller gets a session whose state must hash to the task's
-`evaluator.initial_state_sha256`, and the same drop rule applies (trainer/environment.py).
+Either way the backend checks the session's state against the task's
+`evaluator.initial_state_sha256` where the task names one, and the same drop rule applies
+(trainer/environment.py).
 
 A `prefix` (computer_13 actions, the same for every task and arm) is played before the group
 starts, then the desktop is let settle (drums-verifiers' fork_n with a prefix and a settle): on
