@@ -69,7 +69,9 @@ FAULTS = {
 }  # fmt: skip
 HOST_ONLY = {"host_restart"}  # faults the QEMU arm has no place for
 # What the other environments a dying host held end with: the new host never heard of them, or
-# the request met the old host's closed connection.
+# the request met the old host's closed connection. A GRPO step resets its whole batch before
+# generating and verifies it after, so a host that dies during a step takes every environment of
+# that step's batch with it.
 LOST_WITH_HOST = ("env_failure", {"session_known", "host_reachable"})
 
 
@@ -114,17 +116,6 @@ def accepted(attempt: dict) -> bool:
     return attempt["actions"] - attempt["refused"] > 0
 
 
-def lost_with_host(host_log: Path) -> set[str]:
-    """The environments a host that died by fault held, from its log's lines."""
-    if not host_log.exists():
-        return set()
-    lost = set()
-    for line in host_log.read_text(errors="replace").splitlines():
-        if "environments lost:" in line:
-            lost.update(line.split("environments lost:", 1)[1].split())
-    return lost
-
-
 def snakemake(root: Path, *targets: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "all", *targets],
@@ -154,7 +145,7 @@ def train_with_kills(root: Path, exp: str, arm: str, kills: int, env: dict, rng)
     return {"kills": done}
 
 
-def check_run(run_dir: Path, host_log: Path, plan: dict[int, str], kills: list[dict]) -> dict:
+def check_run(run_dir: Path, plan: dict[int, str], kills: list[dict]) -> dict:
     """Every invariant of one run: its figures, or an AssertionError naming the broken one."""
     read = lambda name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]  # noqa: E731
     run = json.loads((run_dir / "run.json").read_text())
@@ -171,18 +162,16 @@ def check_run(run_dir: Path, host_log: Path, plan: dict[int, str], kills: list[d
         for n, a in enumerate(attempts)
         if a["verdict"] != "valid"
     }
-    # The bystanders of a host restart: invalid as lost with the host, unless their own fault
-    # got there first.
-    lost = lost_with_host(host_log)
-    bystanders = {
-        n
-        for n, a in enumerate(attempts)
-        if a["env_id"] in lost and not (n in fired and plan[n] == "host_restart")
-    }
+    # The bystanders of a host restart (the other attempts of its step): invalid as lost with
+    # the host, unless their own fault got there first.
+    dying = {n for n in fired if plan[n] == "host_restart"}
+    died_in = {attempts[n]["step"] for n in dying}
+    bystanders = {n for n, a in enumerate(attempts) if a["step"] in died_in and n not in dying}
     verdict, gates = LOST_WITH_HOST
     for n in sorted(bystanders):
         ok = n in got and (got[n] == fired.get(n) or (got[n][0] == verdict and got[n][1] in gates))
         assert ok, f"attempt {n} was on the host that died, yet ended {got.get(n)}"
+    got_all = got
     got = {n: v for n, v in got.items() if n not in bystanders}
     fired = {n: v for n, v in fired.items() if n not in bystanders}
     assert got == fired, f"invalid attempts {got} but the fired faults were {fired}"
@@ -209,7 +198,8 @@ def check_run(run_dir: Path, host_log: Path, plan: dict[int, str], kills: list[d
         "faults_injected": sum(1 for n in plan if n < len(attempts)),
         "faults_fired": len(fired),
         "by_fault": {name: sum(1 for n in fired if plan[n] == name) for name in sorted(FAULTS)},
-        "lost_with_host": len(bystanders),
+        # the attempts a dying host took with it (not those whose own fault came first)
+        "lost_with_host": sum(1 for n in bystanders if got_all[n][1] in LOST_WITH_HOST[1]),
         "kills": len(kills),
         "restarts": len(run["restarts"]),
         "lost_trajectories": lost,
@@ -256,12 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         text=True,
     )
     figures = {
-        arm: check_run(
-            root / "results" / exp / arm / "seed1",
-            root / "logs" / exp / f"train_{arm}_seed1.host.log",
-            plans[arm],
-            kills[arm],
-        )
+        arm: check_run(root / "results" / exp / arm / "seed1", plans[arm], kills[arm])
         for arm in ARMS
     }
     report = {
