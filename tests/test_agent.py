@@ -86,7 +86,9 @@ def test_the_dataset_row_and_the_reset_turn_become_the_task_prompt_in_trl(task_s
         {**last, "content": last["content"] + agent.first_turn(task, shot)}
     ]
     assert prepare_multimodal_messages(prompt) == agent.task_prompt(task, shot)
-    assert agent.first_turn(task, None) == [{"type": "text", "text": agent.instruction_text(task)}]
+    blank, text = agent.first_turn(task, None)  # the environment failed before showing one
+    assert text == {"type": "text", "text": agent.instruction_text(task)}
+    assert blank["image"].size == shot.size and blank["image"].getextrema() == ((0, 0),) * 3
 
 
 @pytest.mark.parametrize("name", sorted(agent.TOOL_SETS))

@@ -71,7 +71,11 @@ def test_as_root_without_sudo_it_updates_then_installs(machine):
     assert result.returncode == 0, result.stderr
     assert calls[0] == "apt-get update -qq"
     assert calls[1].startswith("apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap")
-    assert calls[2:] == ["python3 -m venv .venv", "pip install -q -e .[test]"]
+    assert calls[2:] == [
+        "python3 -m venv .venv",
+        "pip install -q -e .[test]",
+        "pip install -q --no-deps desktop-env==1.0.2",
+    ]
 
 
 def test_as_a_user_it_goes_through_sudo(machine):

@@ -307,7 +307,7 @@ def test_a_run_killed_five_times_resumes_to_the_records_of_one_never_killed(trai
     target = str(RESULTS / "drums" / "seed1" / "run.json")
     faults = {**os.environ, "ENVAB_FAULT_PLAN": str(root / "faults.json")}
     for n, kill in enumerate(KILLS):
-        forced = ("--forcerun", "train") if n == 0 else ()
+        forced = ("--force",) if n == 0 else ()  # the target's own job only, not every train
         result = run_snakemake(root, *forced, target, env={**faults, "ENVAB_KILL_AT": kill})
         assert result.returncode != 0, f"{kill}: the run ended before it was killed"
         assert (run_dir / "journal" / "resume.json").is_file(), kill

@@ -190,10 +190,24 @@ def dataset_row(task: Mapping) -> dict:
 
 
 def first_turn(task: Mapping, screenshot: Image.Image | None) -> list[dict]:
-    """The first user turn's content: the environment's first screenshot, then the instruction
-    (the instruction alone when the environment failed before showing one)."""
-    text = {"type": "text", "text": instruction_text(task)}
-    return [{"type": "image", "image": screenshot}, text] if screenshot is not None else [text]
+    """The first user turn's content: the environment's first screenshot, then the instruction.
+    An environment that failed before showing one gets a black screen of the task's size in its
+    place: TRL hands the processor one image list for the whole batch, which cannot mix prompts
+    with and without images, and the attempt is invalid (no reward, no advantage) anyway."""
+    if screenshot is None:
+        screenshot = Image.new("RGB", placeholder_size(task))
+    return [
+        {"type": "image", "image": screenshot},
+        {"type": "text", "text": instruction_text(task)},
+    ]
+
+
+def placeholder_size(task: Mapping) -> tuple[int, int]:
+    """The task's screen size where its set-up names one (the Pillow desktop's), else 128 x 128."""
+    try:
+        return tuple(screen_of(task["config"]))
+    except (ValueError, KeyError, TypeError):
+        return (128, 128)
 
 
 def task_prompt(task: Mapping, screenshot: Image.Image) -> list[dict]:

@@ -117,6 +117,8 @@ class ForkGroups:
 
     def _prepare(self, session: Session) -> None:
         """Play the prefix and let the desktop settle (nothing when neither is set)."""
+        if not (self.prefix or self.settle_s):
+            return
         for n, action in enumerate(self.prefix):
             if not session.valid:
                 return
@@ -126,7 +128,7 @@ class ForkGroups:
                 raise RuntimeError(
                     f"training.grpo.prefix[{n}] {action} was refused by the environment: {e}"
                 ) from None
-        if session.valid and (self.prefix or self.settle_s):
+        if session.valid:
             settle(session, self.settle_s)
 
     def close(self) -> None:
