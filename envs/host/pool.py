@@ -371,13 +371,8 @@ class Pool:
                         self._die(env)  # no answer: the host is gone
                     env.steps += 1
                     env.generation += 1
-                    env.state_sha256 = reply["state_sha256"]
-                    png = reply["screenshot"]
-                    if reply.get("frame") != env.steps:
-                        self._quarantine(env, Gate.SCREEN_CURRENT)
-                    elif self._blank(png):
-                        self._quarantine(env, Gate.SCREEN_NOT_BLANK)
-                    elif env.steps == env.faults.unknown_gate_at_step:
+                    png = self._screen(env, reply)
+                    if not env.quarantined and env.steps == env.faults.unknown_gate_at_step:
                         self._quarantine(env, UNKNOWN_GATE)
             status = env.status()
         done = action["action_type"] in TERMINAL_ACTIONS
@@ -397,14 +392,21 @@ class Pool:
             if not env.quarantined:
                 reply = self._call(env, ("observe",), self.config.step_timeout_s, Gate.WORKER_ALIVE)
                 if reply is not None:
-                    env.state_sha256 = reply["state_sha256"]
-                    png = reply["screenshot"]
-                    if reply.get("frame") != env.steps:
-                        self._quarantine(env, Gate.SCREEN_CURRENT)
-                    elif self._blank(png):
-                        self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+                    png = self._screen(env, reply)
             status = env.status()
         return {**status, "screenshot_png": b64_png(None if env.quarantined else png)}
+
+    def _screen(self, env: Environment, reply: Mapping) -> bytes:
+        """A worker's screenshot after a step or a look, gated: its frame must be the
+        environment's latest (a display that stopped updating fails screen_current) and it
+        must not be one colour."""
+        env.state_sha256 = reply["state_sha256"]
+        png = reply["screenshot"]
+        if reply.get("frame") != env.steps:
+            self._quarantine(env, Gate.SCREEN_CURRENT)
+        elif self._blank(png):
+            self._quarantine(env, Gate.SCREEN_NOT_BLANK)
+        return png
 
     def _die(self, env: Environment) -> None:
         """The host process dies mid-step (fault restart_host_at_step), as on a crash or a reboot:

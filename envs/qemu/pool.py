@@ -317,7 +317,8 @@ class QemuSession(Session):
         patience = min(deadline, time.monotonic() + self.pool.config.screen_wait_s)
         with self._gated(Gate.WORKER_ALIVE):
             while True:
-                dump = self.slot.vm.screendump(_left(deadline)).convert("RGB")
+                dump = self.slot.vm.screendump(_left(deadline))
+                dump = dump if dump.mode == "RGB" else dump.convert("RGB")
                 if fault == "blank":
                     dump = Image.new("RGB", dump.size)
                 elif fault == "stale" and self._shown is not None:
