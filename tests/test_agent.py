@@ -25,7 +25,6 @@ from envab.trainer.environment import (
     GenerationClock,
     Run,
     environment_class,
-    expected_first_screens,
 )
 from envab.trainer.forkgroups import ForkGroups
 from envab.trainer.guards import GuardError, HeldoutGuard
@@ -244,7 +243,7 @@ def make_run(
     )
     return Run(
         tasks,
-        screens or expected_first_screens(tasks),
+        screens or agent.rendered_first_screens(tasks),
         HeldoutGuard(heldout),
         ledger,
         ForkGroups(backend, group, faults, prefix=prefix, settle_s=settle_s),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envab.envs.protocol import Gate, Session, Verification
@@ -251,8 +251,3 @@ def environment_factory(run: Run) -> Callable[[], ArmEnvironment]:
     """What GRPOTrainer(environment_factory=...) calls once per concurrent completion."""
     cls = environment_class(run.tools)
     return lambda: cls(run)
-
-
-def expected_first_screens(tasks: Mapping[str, Mapping]) -> dict[str, str]:
-    """The digest of each task's in-process first screen (agent.rendered_first_screens)."""
-    return agent.rendered_first_screens(tasks)
