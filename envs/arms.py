@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from envab.envs.arm_schema import ArmError, arm_settings
 from envab.envs.controls import ControlBackend
 from envab.envs.drums import EMBEDDED, DrumsError, connect
+from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.protocol import Backend
 from envab.envs.qemu.pool import QemuConfig, QemuPool
 
@@ -45,10 +46,17 @@ def open_arm(
         return
     if allow_faults and arm["url"] != EMBEDDED:
         raise ArmError("fault injection needs the embedded host (url: embedded)")
+    if "sandbox" in arm and arm["url"] != EMBEDDED:
+        raise ArmError("sandbox is the embedded host's setting (url: embedded); a Drums host "
+                       "chooses its own")  # fmt: skip
+    sandbox = arm.get("sandbox", "gvisor")
+    if arm["url"] == EMBEDDED and sandbox == "gvisor" and gvisor_problem():
+        raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
     try:  # no token, an unreachable host, a refused token: one line, before any work is done
         with connect(
             arm["url"],
             mode=arm.get("mode"),
+            sandbox=sandbox,
             token_file=arm.get("token_file"),
             log_path=log_path,
             allow_faults=allow_faults,

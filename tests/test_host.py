@@ -1,4 +1,5 @@
-"""The embedded host over real HTTP on loopback: protocol, gates, faults, fork, token handling."""
+"""The embedded host over real HTTP on loopback: protocol, gates, faults, fork, token handling,
+with each environment in a gVisor sandbox (real runsc, where it runs) and as a plain process."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from PIL import Image
 
 from envab.envs.host import serve_embedded
+from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.tasks.build import build
 
 STEP_TIMEOUT_S = 1.0  # short, so the stall fault costs about a second
@@ -42,25 +44,41 @@ def logs(tmp_path_factory):
     return tmp_path_factory.mktemp("logs")
 
 
+def needs_gvisor(sandbox: str) -> None:
+    if sandbox == "gvisor" and gvisor_problem():
+        pytest.skip(f"gVisor sandbox: {gvisor_problem()}")
+
+
+@pytest.fixture(scope="module", params=["gvisor", "process"])
+def sandbox(request):
+    needs_gvisor(request.param)
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def fork_host(token, logs):
+def fork_host(token, logs, sandbox):
     _, path = token
     with serve_embedded(
         "fork",
         path,
         allow_faults=True,
         step_timeout_s=STEP_TIMEOUT_S,
-        log_path=logs / "fork.log",
+        log_path=logs / f"fork-{sandbox}.log",
         extra_args=["--access-log"],
+        sandbox=sandbox,
     ) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def restore_host(token, logs):
+def restore_host(token, logs, sandbox):
     _, path = token
     with serve_embedded(
-        "restore", path, log_path=logs / "restore.log", extra_args=["--access-log"]
+        "restore",
+        path,
+        log_path=logs / f"restore-{sandbox}.log",
+        extra_args=["--access-log"],
+        sandbox=sandbox,
     ) as url:
         yield url
 
@@ -160,17 +178,21 @@ def test_fork_into_8_children_in_the_parents_exact_state(fork_api, taskset):
         assert c["state_sha256"] == parent["state_sha256"]
         assert c["generation"] == parent["generation"]
 
-    # Children are independent copies, each in its own process: half finish the task, half do
-    # something else.
-    pids = set()
+    # Children are independent copies, each in its own process (and sandbox): half finish the
+    # task, half do something else.
+    pids, containers = set(), set()
     for i, c in enumerate(children):
         end = play(fork_api, c, oracle[1:] if i % 2 == 0 else [CLICK_CORNER])
         v = verify(fork_api, end)
         assert v["score"] == (1.0 if i % 2 == 0 else 0.0)
         pids.add(v["audit"]["worker_pid"])
+        containers.add(v["audit"]["sandbox"].get("container"))
     v = verify(fork_api, parent)  # the parent was not touched by its children
     assert v["valid"] and v["audit"]["state_sha256"] == parent["state_sha256"]
     assert len(pids | {v["audit"]["worker_pid"]}) == 9
+    if v["audit"]["sandbox"]["runtime"] == "gvisor":  # and the parent carries on in a copy too
+        assert len(containers | {v["audit"]["sandbox"]["container"]}) == 9
+        assert v["audit"]["sandbox"]["network"] == "none" and v["audit"]["sandbox"]["memory_mib"]
 
 
 def test_restore_host_cannot_fork(restore_api, taskset):
@@ -234,7 +256,9 @@ def test_each_fault_gives_its_verdict_and_gate(fork_api, taskset, faults, verdic
     assert v["audit"]["trusted"] is False
 
 
-def test_a_lost_zygote_is_replaced(restore_api, taskset):
+def test_a_lost_zygote_is_replaced(restore_api, taskset, sandbox):
+    if sandbox == "gvisor":
+        pytest.skip("a gVisor host has no zygote: each environment restores a checkpoint")
     before = restore_api.get("/v1/health").json()["zygote_pid"]
     os.kill(before, signal.SIGKILL)
     env = create(restore_api, next(iter(taskset[0].values())))
@@ -396,8 +420,8 @@ def test_a_host_without_a_usable_token_file_exits_with_one_line(tmp_path, conten
 def test_the_token_appears_in_no_log(fork_host, restore_host, token, logs):
     # Runs last in this module: the logs hold every request made above (access log is on).
     texts = {p.name: p.read_text() for p in logs.iterdir()}
-    assert set(texts) == {"fork.log", "restore.log"}
-    assert "POST /v1/envs" in texts["fork.log"] and "quarantined" in texts["fork.log"]
+    fork = "".join(text for name, text in texts.items() if name.startswith("fork-"))
+    assert "POST /v1/envs" in fork and "quarantined" in fork
     for name, text in texts.items():
         assert token[0] not in text, name
 
@@ -445,15 +469,36 @@ def test_a_task_that_names_no_initial_state_is_served_and_a_wrong_one_refused(fo
     assert r.status_code == 400 and "initial_state_sha256 is not a sha256" in r.json()["error"]
 
 
-def test_a_killed_job_takes_its_host_and_workers_with_it(token):
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and str(os.getpid()) != proc.name:
+            found.append(f"{proc.name}: {cmdline[:120]}")
+    return found
+
+
+@pytest.mark.parametrize("sandbox", ["gvisor", "process"])
+def test_a_killed_job_takes_its_host_and_workers_with_it(token, taskset, tmp_path, sandbox):
     """kill -9 of a job that started the embedded host: the host gets the parent-death signal
-    (envs/lifetime.py) and its zygote and workers exit when their channels close."""
+    (envs/lifetime.py); a process host's zygote and workers exit when their channels close, a
+    gVisor host's sandboxes die with their runsc processes, which get the same signal."""
+    needs_gvisor(sandbox)
     value, path = token
+    where = tmp_path / "sandboxes"
+    task = json.dumps(next(iter(taskset[0].values())))
     script = (
-        "import time, httpx\n"
+        "import json, time, httpx\n"
         "from envab.envs.host import serve_embedded\n"
-        f"with serve_embedded('fork', {str(path)!r}) as url:\n"
+        f"with serve_embedded('fork', {str(path)!r}, sandbox={sandbox!r},\n"
+        f"                    extra_args=['--sandbox-dir', {str(where)!r}]) as url:\n"
         f"    auth = {{'Authorization': 'Bearer {value}'}}\n"
+        f"    env = httpx.post(url + '/v1/envs', json={{'task': json.loads({task!r})}},\n"
+        "                     headers=auth, timeout=60).json()\n"
+        "    assert env['valid'], env\n"
         "    health = httpx.get(url + '/v1/health', headers=auth)\n"
         "    print(url, health.json()['zygote_pid'], flush=True)\n"
         "    time.sleep(600)\n"
@@ -465,8 +510,13 @@ def test_a_killed_job_takes_its_host_and_workers_with_it(token):
         job.kill()
         job.wait()
     deadline = time.monotonic() + 15
-    while Path(f"/proc/{zygote}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not Path(f"/proc/{zygote}").exists(), "the host's zygote outlived the job"
+    if sandbox == "process":
+        while Path(f"/proc/{zygote}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{zygote}").exists(), "the host's zygote outlived the job"
+    else:
+        while _processes_naming(str(where)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _processes_naming(str(where)), "a sandbox outlived the job"
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/v1/health", timeout=2)

@@ -46,6 +46,7 @@ class Attempt:
     ended_utc: str
     trusted: bool | None = None  # the verifier's audit: None when it sent none (protocol.py)
     audit_flags: tuple[str, ...] = ()
+    sandbox: dict | None = None  # where the environment ran, as the host's audit says (gVisor)
 
     @property
     def valid(self) -> bool:

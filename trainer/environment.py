@@ -208,6 +208,7 @@ class ArmEnvironment:
             ended_utc=utc_now(),
             trusted=verification.trusted,
             audit_flags=verification.audit_flags,
+            sandbox=verification.audit.get("sandbox"),
         )
         self.run.ledger.record(attempt, self.run.step)
         return attempt.reward

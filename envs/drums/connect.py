@@ -17,12 +17,14 @@ def connect(
     url: str,
     *,
     mode: str | None = None,
+    sandbox: str = "gvisor",
     token_file: str | Path | None = None,
     log_path: str | Path | None = None,
     allow_faults: bool = False,
     **client,
 ) -> Iterator[DrumsBackend]:
-    """A DrumsBackend for `url`; for "embedded", start the host in `mode` for the block's length.
+    """A DrumsBackend for `url`; for "embedded", start the host in `mode` for the block's length,
+    each environment in a `sandbox` ("gvisor" or "process").
 
     An embedded host without a token file gets a fresh random token for its lifetime; with
     `allow_faults` its fault-injection switches are on (tests, reliability runs). For a real host
@@ -39,7 +41,13 @@ def connect(
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envab-token-"))
                 token_file = write_token_file(Path(tmp) / "token")
             url = stack.enter_context(
-                serve_embedded(mode, token_file, log_path=log_path, allow_faults=allow_faults)
+                serve_embedded(
+                    mode,
+                    token_file,
+                    log_path=log_path,
+                    allow_faults=allow_faults,
+                    sandbox=sandbox,
+                )
             )
         elif allow_faults:
             raise ValueError("fault injection needs the embedded host (url: embedded)")

@@ -1,4 +1,5 @@
-"""python -m envab.envs.host --mode fork|restore --port P --token-file F [--allow-faults]"""
+"""python -m envab.envs.host --mode fork|restore --port P --token-file F [--sandbox gvisor|process]
+[--allow-faults]"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import uvicorn
 
 from envab.envs.host.app import build_app
 from envab.envs.host.embedded import host_token
-from envab.envs.host.pool import MODES, HostConfig
+from envab.envs.host.pool import MODES, SANDBOXES, HostConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -35,6 +36,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-envs", type=int, default=512)
     p.add_argument("--access-log", action="store_true", help="log every request line")
     p.add_argument("--tasks", help="a tasks.jsonl to serve by id (create with a task_id)")
+    p.add_argument(
+        "--sandbox",
+        choices=SANDBOXES,
+        default="gvisor",
+        help="where each environment runs: a gVisor sandbox forked by checkpoint and restore "
+        "(default; needs Debian's runsc, as root), or a plain process forked with os.fork",
+    )
+    p.add_argument("--sandbox-dir", help="checkpoint images and runsc state (default: a temp dir)")
     # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.
     p.add_argument("--desktop", default=HostConfig.desktop, help=argparse.SUPPRESS)
     p.add_argument("--checker", default=HostConfig.checker, help=argparse.SUPPRESS)
@@ -55,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         checker=args.checker,
         screen_of=args.screen_of,
         tasks=args.tasks,
+        sandbox=args.sandbox,
+        sandbox_dir=args.sandbox_dir,
     )
     app = build_app(config, host_token(args.token_file))
     if args.allow_faults:

@@ -88,6 +88,7 @@ def build_app(config: HostConfig, token: str) -> FastAPI:
             "can_fork": config.mode == "fork",
             "environments": len(pool),
             "zygote_pid": pool.zygote_pid,
+            "sandbox": pool.config.sandbox,
             "allow_faults": config.allow_faults,
         }
 

@@ -1,15 +1,20 @@
-"""A message channel between the host and one worker process: a Unix stream socket.
+"""A message channel between the host and one worker process: a Unix stream socket, or a pair
+of pipes (a worker in a gVisor sandbox talks over its standard input and output).
 
 Messages are length-prefixed pickles. Both ends are this project's own processes on one machine
-(a socketpair, never a listening socket), so pickle is safe here. New channels for forked
-children travel as file descriptors (SCM_RIGHTS) after a `fork` message.
+(a socketpair or pipes, never a listening socket), so pickle is safe here. New channels for
+forked children travel as file descriptors (SCM_RIGHTS) after a `fork` message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+import select
 import socket
 import struct
+import time
 
 _HEADER = struct.Struct("!I")
 
@@ -81,6 +86,64 @@ class Channel:
             except (ConnectionResetError, OSError) as e:
                 if isinstance(e, TimeoutError):
                     raise
+                raise ChannelClosed(str(e)) from None
+            if not chunk:
+                raise ChannelClosed("end of stream")
+            buf += chunk
+        return bytes(buf)
+
+
+class PipeChannel(Channel):
+    """The same messages over two pipe descriptors (read, write): what a sandboxed worker has.
+
+    A worker restored from a checkpoint keeps reading the same descriptor numbers, which the
+    restore binds to the new copy's pipes, so each copy gets a channel of its own.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self._open = True
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def send(self, message) -> None:
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = memoryview(_HEADER.pack(len(payload)) + payload)
+        try:
+            while data:
+                data = data[os.write(self.write_fd, data) :]
+        except OSError as e:  # EPIPE, or closed here
+            raise ChannelClosed(str(e)) from None
+
+    def recv(self, timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        (size,) = _HEADER.unpack(self._read_until(_HEADER.size, deadline, timeout))
+        return pickle.loads(self._read_until(size, deadline, timeout))
+
+    def send_fds(self, fds: list[int]) -> None:
+        raise ChannelClosed("a pipe cannot carry descriptors")
+
+    def recv_fds(self, n: int) -> list[int]:
+        raise ChannelClosed("a pipe cannot carry descriptors")
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            for fd in {self.read_fd, self.write_fd}:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _read_until(self, n: int, deadline: float | None, timeout: float | None) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:
+                    raise ChannelTimeout(f"no answer within {timeout} s")
+            try:
+                chunk = os.read(self.read_fd, n - len(buf))
+            except OSError as e:
                 raise ChannelClosed(str(e)) from None
             if not chunk:
                 raise ChannelClosed("end of stream")

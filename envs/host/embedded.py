@@ -58,6 +58,7 @@ def serve_embedded(
     startup_timeout_s: float = 60.0,
     extra_args: Sequence[str] = (),
     max_restarts: int = 10,
+    sandbox: str = "gvisor",
 ) -> Iterator[str]:
     """Run `python -m envab.envs.host` on 127.0.0.1; yield its base URL; stop it on exit.
 
@@ -65,7 +66,8 @@ def serve_embedded(
     log's last lines when the host does not come up healthy within `startup_timeout_s`. A host
     that dies while in use is started again on the same socket (as a service manager would),
     up to `max_restarts` times; requests made meanwhile wait in the socket's queue, and the new
-    host answers 404 for the environments the old one held.
+    host answers 404 for the environments the old one held. `sandbox` is where each environment
+    runs: "gvisor" (a sandbox forked by checkpoint and restore) or "process" (os.fork).
     """
     token = host_token(token_file)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -85,6 +87,8 @@ def serve_embedded(
         str(token_file),
         "--step-timeout",
         str(step_timeout_s),
+        "--sandbox",
+        sandbox,
         *extra_args,
     ]
     if allow_faults:

@@ -6,6 +6,10 @@ the action's generation must match, the worker must be alive and answer within i
 the screenshot must not be blank. The first gate that fails quarantines the environment: its
 worker is stopped, later steps are refused, and verify reports the verdict and the failed gate.
 The checker runs here, in the host process, on state read back from the worker.
+
+Where a worker runs is the host's `sandbox`: `gvisor` (each environment in its own gVisor sandbox,
+forked by checkpoint and restore: `envab.envs.host.gvisor`), or `process` (each a plain process
+forked from a zygote with os.fork: no isolation, the fastest fork there is).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from PIL import Image
 
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
+from envab.envs.host.gvisor import Gvisor, Sandbox
 from envab.envs.host.worker import load_object
 from envab.envs.protocol import (
     TERMINAL_ACTIONS,
@@ -49,6 +54,7 @@ from envab.hashing import sha256_json
 log = logging.getLogger(__name__)
 
 MODES = ("restore", "fork")
+SANDBOXES = ("gvisor", "process")
 # Not `-m envab.envs.host.worker`: the package imports the worker module before runpy would run it.
 _ZYGOTE = "import sys; from envab.envs.host.worker import main; main(sys.argv[1:])"
 
@@ -84,10 +90,14 @@ class HostConfig:
     checker: str = "envab.envs.tasks.checkers:check"
     screen_of: str = "envab.envs.desktop:screen_of"
     tasks: str | None = None  # a tasks.jsonl this host serves by id (create {"task_id": ...})
+    sandbox: str = "process"
+    sandbox_dir: str | None = None  # images and runsc state (default: a temporary directory)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
         if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
@@ -100,6 +110,8 @@ class Environment:
     pid: int | None
     expected_sha256: str | None  # the state it must start in (None: the task names none)
     parent: str | None = None
+    sandbox: Sandbox | None = None  # gvisor: the sandbox the worker runs in
+    sandbox_audit: dict | None = None  # its last account, kept once it is stopped
     faults: Faults = field(default_factory=Faults)
     generation: int = 0
     steps: int = 0
@@ -173,11 +185,18 @@ class Pool:
         self._zygote: Channel | None = None
         self._zygote_proc: subprocess.Popen | None = None
         self.zygote_pid: int | None = None
+        self.gvisor: Gvisor | None = None
         self.tasks = _served_tasks(config.tasks)
 
     # --- life cycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.config.sandbox == "gvisor":
+            argv = [sys.executable, "-c", _ZYGOTE, "--stdio", "--mode", self.config.mode,
+                    "--desktop", self.config.desktop]  # fmt: skip
+            self.gvisor = Gvisor(self.config.sandbox_dir, argv, self.config.create_timeout_s)
+            log.info("gVisor sandboxes under %s (mode %s)", self.gvisor.workdir, self.config.mode)
+            return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [
             sys.executable,
@@ -201,6 +220,8 @@ class Pool:
         for env_id in list(self._envs):
             self.close(env_id)
         self._stop_zygote()
+        if self.gvisor is not None:
+            self.gvisor.close()
 
     def _stop_zygote(self) -> None:
         if self._zygote is not None:
@@ -243,29 +264,34 @@ class Pool:
         except (ValueError, KeyError, TypeError) as e:
             raise BadRequest(f"task {task['id']}: {e}") from None
         t0 = time.perf_counter()
-        with self._zygote_lock:
-            try:
-                ((channel, pid, _),) = self._spawn(self._zygote, 1, size)
-            except (ChannelClosed, ChannelTimeout):  # the zygote died: start another, once
-                log.error("zygote lost; starting a new one")
-                self._stop_zygote()
-                self.start()
-                ((channel, pid, _),) = self._spawn(self._zygote, 1, size)
-        t1 = time.perf_counter()
         env = Environment(
             env_id=uuid.uuid4().hex[:16],
             task=task,
-            channel=channel,
-            pid=pid,
+            channel=None,
+            pid=None,
             expected_sha256=task["evaluator"].get("initial_state_sha256"),
             faults=armed,
         )
-        reply = self._call(
-            env,
-            ("init", size, task["config"], armed.for_worker()),
-            self.config.create_timeout_s,
-            Gate.SETUP,
-        )
+        if self.gvisor is not None:
+            self._sandboxed(env, size)
+        else:
+            with self._zygote_lock:
+                try:
+                    ((env.channel, env.pid, _),) = self._spawn(self._zygote, 1, size)
+                except (ChannelClosed, ChannelTimeout):  # the zygote died: start another, once
+                    log.error("zygote lost; starting a new one")
+                    self._stop_zygote()
+                    self.start()
+                    ((env.channel, env.pid, _),) = self._spawn(self._zygote, 1, size)
+        t1 = time.perf_counter()
+        reply = None
+        if not env.quarantined:
+            reply = self._call(
+                env,
+                ("init", size, task["config"], armed.for_worker()),
+                self.config.create_timeout_s,
+                Gate.SETUP,
+            )
         png = None
         if reply is not None:
             env.state_sha256 = reply["state_sha256"]
@@ -310,20 +336,27 @@ class Pool:
                 )
             t0 = time.perf_counter()
             try:
-                spawned = self._spawn(parent.channel, n, None)
-            except (ChannelClosed, ChannelTimeout):
+                if self.gvisor is not None:
+                    spawned = self._fork_sandbox(parent, n)
+                else:
+                    spawned = [(*s, None) for s in self._spawn(parent.channel, n, None)]
+            except Quarantined:
+                raise
+            except (ChannelClosed, ChannelTimeout, RuntimeError, OSError) as e:
+                log.warning("environment %s: fork failed: %s", env_id, e)
                 self._quarantine(parent, Gate.WORKER_ALIVE)
                 raise Quarantined(
                     f"environment {env_id} died while forking", parent.failed_gates
                 ) from None
             elapsed = time.perf_counter() - t0
         children = []
-        for (channel, pid, hello), child_faults in zip(spawned, armed, strict=True):
+        for (channel, pid, hello, sandbox), child_faults in zip(spawned, armed, strict=True):
             child = Environment(
                 env_id=uuid.uuid4().hex[:16],
                 task=parent.task,
                 channel=channel,
                 pid=pid,
+                sandbox=sandbox,
                 expected_sha256=parent.state_sha256,
                 parent=parent.env_id,
                 generation=parent.generation,
@@ -428,6 +461,7 @@ class Pool:
                 "worker_pid": env.pid,
                 "task": env.task["id"],
                 "mode": self.config.mode,
+                "sandbox": self._sandbox_audit(env),
                 "generation": env.generation,
                 "steps": env.steps,
                 "checker": env.task["evaluator"].get("func"),
@@ -459,6 +493,44 @@ class Pool:
         return {"env_id": env_id, "closed": True}
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _sandboxed(self, env: Environment, size) -> None:
+        """Give `env` a sandbox restored from the prepared desktop of its screen size (made on
+        first use); a sandbox that cannot start fails gate worker_alive."""
+
+        def prepare(sandbox: Sandbox) -> None:
+            reply = sandbox.channel.call(("prepare", size), timeout=self.config.create_timeout_s)
+            if "error" in reply:
+                raise BadRequest(f"cannot prepare the desktop: {reply['error']}")
+
+        try:
+            image = self.gvisor.template(("size", size), prepare)
+            ((sandbox, _),) = self.gvisor.restore(image, 1)
+        except (ChannelClosed, ChannelTimeout, RuntimeError, OSError) as e:
+            log.error("environment %s: no sandbox: %s", env.env_id, e)
+            env.failed_gates.append(str(Gate.WORKER_ALIVE))
+            return
+        env.sandbox, env.channel, env.pid = sandbox, sandbox.channel, sandbox.pid
+
+    def _fork_sandbox(self, parent: Environment, n: int) -> list[tuple]:
+        """Checkpoint the parent's sandbox and restore it n + 1 times; the parent carries on in
+        the first copy, which must be in the state it was checkpointed in."""
+        (copy, hello), children = self.gvisor.fork(parent.sandbox, n)
+        parent.sandbox, parent.channel, parent.pid = copy, copy.channel, copy.pid
+        if hello["state_sha256"] != parent.state_sha256:
+            for sandbox, _ in children:
+                self.gvisor.stop(sandbox, kill=True)
+            self._quarantine(parent, Gate.STATE_HASH)
+            raise Quarantined(f"environment {parent.env_id} changed in its checkpoint",
+                              parent.failed_gates)  # fmt: skip
+        return [(sb.channel, sb.pid, hello, sb) for sb, hello in children]
+
+    def _sandbox_audit(self, env: Environment) -> dict:
+        if self.gvisor is None:
+            return {"runtime": "process", "isolation": "none"}
+        if env.sandbox is not None:
+            return env.sandbox.audit()
+        return env.sandbox_audit or {"runtime": "gvisor", "container": None}
 
     def _spawn(self, channel: Channel, n: int, size) -> list[tuple[Channel, int, dict]]:
         """Ask a process to fork n children, each with a fresh channel; returns their hellos."""
@@ -501,6 +573,11 @@ class Pool:
         self._stop_worker(env, kill=gate == Gate.STEP_TIMEOUT)
 
     def _stop_worker(self, env: Environment, kill: bool) -> None:
+        if env.sandbox is not None:
+            env.sandbox_audit = env.sandbox.audit()
+            self.gvisor.stop(env.sandbox, kill)
+            env.sandbox, env.channel = None, None
+            return
         if env.channel is None:
             return
         if kill and env.pid:

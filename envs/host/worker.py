@@ -9,6 +9,11 @@ environment pays for an interpreter start. What a new worker does next is the ar
 - fork mode: the prepared desktop is already in the worker's (copy-on-write) memory; the task's
   set-up runs on it. A running worker forks into n children (`os.fork`) in exactly its state.
 
+In a gVisor sandbox (`--stdio`, see `envab.envs.host.gvisor`) there is no zygote: the worker
+prepares the blank desktop once, the host checkpoints the sandbox, and every environment is a
+restored copy, which the host greets (`hello`) before use; a fork is another checkpoint and
+restore. The channel is then the worker's standard input and output.
+
 Fault injection (armed by the host, which refuses it unless started with --allow-faults) lives
 here, where a real failure would happen: the process dies, stalls, restores a corrupt snapshot,
 paints a blank screen or shows the frame from before the action (a display that stopped updating).
@@ -22,13 +27,14 @@ import argparse
 import importlib
 import io
 import os
+import random
 import signal
 import sys
 import time
 
 from PIL import Image
 
-from envab.envs.host.channel import Channel, ChannelClosed
+from envab.envs.host.channel import Channel, ChannelClosed, PipeChannel
 
 
 def load_object(spec: str):
@@ -131,6 +137,18 @@ class Worker:
 
     # --- operations ---------------------------------------------------------------------
 
+    def op_prepare(self, size) -> dict:
+        """Prepare the blank desktop of this size (a sandbox about to be checkpointed)."""
+        self.prepare(tuple(size))
+        return {"pid": os.getpid()}
+
+    def op_hello(self) -> dict:
+        """First words of a copy restored from a checkpoint: every copy starts with the saved
+        random state, so each reseeds from the (sandbox's) kernel before anything else."""
+        random.seed()
+        state = self.desktop.state_hash() if self.desktop is not None else None
+        return {"pid": os.getpid(), "state_sha256": state}
+
     def op_init(self, size, config, faults) -> dict:
         size = tuple(size)
         self.faults = dict(faults or {})
@@ -178,6 +196,8 @@ class Worker:
         # the action looks the same to the host as before it: no answer, the environment lost.
         self.steps += 1
         if self.faults.get("kill_at_step") == self.steps:
+            if os.getpid() == 1:  # a sandbox's init ignores its own SIGKILL: die as abruptly
+                os._exit(137)
             os.kill(os.getpid(), signal.SIGKILL)
         if self.faults.get("stall_at_step") == self.steps:
             time.sleep(float(self.faults.get("stall_s", 3600)))
@@ -209,14 +229,21 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="env-ab worker zygote (started by the host)")
-    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--fd", type=int)
     parser.add_argument("--mode", choices=["restore", "fork"], required=True)
     parser.add_argument("--desktop", default="envab.envs.desktop:Desktop")
+    parser.add_argument("--stdio", action="store_true", help="talk over stdin/stdout (sandbox)")
     args = parser.parse_args(argv)
     # Children are reaped by the kernel: the host watches them through their channels.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when we stop
-    channel = Channel.from_fd(args.fd)
+    if args.stdio:
+        channel = PipeChannel(0, 1)
+        sys.stdout = sys.stderr  # a stray print must not land in the channel
+    elif args.fd is not None:
+        channel = Channel.from_fd(args.fd)
+    else:
+        parser.error("give --fd or --stdio")
     worker = Worker(channel, args.mode, load_object(args.desktop))
     channel.send({"pid": os.getpid()})
     worker.serve()

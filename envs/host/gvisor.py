@@ -1,0 +1,367 @@
+"""Sandboxes for the host's workers: each environment runs inside gVisor (Debian's `runsc`).
+
+A Drums host forks sandboxes, not processes; this is that, locally. A worker starts once per
+screen size in a fresh sandbox, prepares the blank desktop and is checkpointed: that image is the
+prepared environment every create restores. A fork is a checkpoint of the running parent and
+n + 1 restores of it, one of which carries on as the parent (this runsc's `--leave-running` is
+not a usable fork). A restored copy takes the standard input and output of its own
+`runsc restore`, so each copy gets a channel of its own, and reseeds its random state on its
+first message (every copy wakes with the saved one).
+
+Every sandbox: the ptrace platform (the KVM platform needs hardware virtualisation and hangs
+without it), no network, a read-only root that holds only what the worker needs (the system's
+/usr, the Python installation and this package: no host secrets, no home), and its writable
+directories in the sandbox's own memory (tmpfs), so a checkpoint carries them and a fork copies
+them. `runsc` runs as root; where it cannot, the host refuses to start with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from envab.envs.host.channel import PipeChannel
+from envab.envs.lifetime import start_child
+
+log = logging.getLogger(__name__)
+
+RUNSC = "runsc"
+PLATFORM = "ptrace"
+
+
+class SandboxUnavailable(RuntimeError):
+    """gVisor cannot run here; the message says why and what to do."""
+
+
+def gvisor_problem(runsc: str | None = None) -> str | None:
+    """Why gVisor sandboxes cannot run on this machine, or None when they can."""
+    runsc = runsc or RUNSC
+    if shutil.which(runsc) is None:
+        return f"{runsc} not found: install Debian's runsc (apt-get install runsc)"
+    if os.geteuid() != 0:
+        return f"{runsc} needs root here (rootless gVisor needs --network=host); run as root"
+    return None
+
+
+@cache
+def runsc_version() -> str:
+    out = subprocess.run([RUNSC, "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+
+
+def _package_dirs() -> list[str]:
+    """The directories the worker's imports come from: this package (an editable install maps
+    it outside site-packages), the environment's prefix and the Python it was made from."""
+    import envab
+    import envab.envs
+
+    dirs = {sys.prefix, sys.base_prefix, *envab.__path__, *envab.envs.__path__}
+    return sorted({os.path.realpath(d) for d in dirs})
+
+
+def _root_mounts() -> tuple[list[dict], list[tuple[str, str]]]:
+    """Read-only binds of what the worker needs, and the symlinks a merged-/usr system has at
+    the top (/bin -> usr/bin and the like), recreated in the sandbox's empty root."""
+    mounts, links = [], []
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / top
+        if path.is_symlink():
+            links.append((top, os.readlink(path)))
+        elif path.is_dir():
+            mounts.append(str(path))
+    binds = ["/usr", *mounts]
+    for d in _package_dirs():  # skip what a bind above already holds
+        if not any(d == b or d.startswith(b + "/") for b in binds):
+            binds.append(d)
+    spec = [
+        {"destination": b, "type": "bind", "source": b, "options": ["rbind", "ro"]} for b in binds
+    ]
+    return spec, links
+
+
+def _write_bundle(bundle: Path, argv: Sequence[str]) -> None:
+    """An OCI bundle: an empty read-only root with the binds, tmpfs where a desktop writes."""
+    rootfs = bundle / "rootfs"
+    binds, links = _root_mounts()
+    for name, target in links:
+        (rootfs / name).parent.mkdir(parents=True, exist_ok=True)
+        (rootfs / name).symlink_to(target)
+    for mount in binds:
+        (rootfs / mount["destination"].lstrip("/")).mkdir(parents=True, exist_ok=True)
+    for d in ("proc", "dev", "sys", "tmp", "root"):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    spec = {
+        "ociVersion": "1.0.0",
+        "process": {
+            "args": list(argv),
+            "cwd": "/tmp",
+            "env": [
+                "PATH=/usr/bin:/bin",
+                "HOME=/root",
+                "LANG=C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE=1",
+                "PYTHONUNBUFFERED=1",
+            ],
+            "user": {"uid": 0, "gid": 0},
+        },
+        "root": {"path": str(rootfs), "readonly": True},
+        "hostname": "env",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/root", "type": "tmpfs", "source": "tmpfs"},
+            *binds,
+        ],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+    }
+    (bundle / "config.json").write_text(json.dumps(spec, indent=1))
+
+
+@dataclass
+class Sandbox:
+    """One running sandbox: its container id, the `runsc run|restore` process it is attached
+    to (the sandbox dies with it), and the worker's channel (that process's stdio)."""
+
+    cid: str
+    proc: subprocess.Popen
+    channel: PipeChannel
+    image: str  # the checkpoint it was restored from ("" for a fresh start)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def memory_bytes(self) -> int | None:
+        """The sandbox's memory: proportional set size (shared pages split among their
+        sharers) of its kernel, file proxy and address-space stubs; None once it is gone."""
+        total = None
+        for pid in _descendants(self.proc.pid):
+            try:
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            except OSError:
+                continue
+            kib = next((int(ln.split()[1]) for ln in rollup.splitlines() if ln[:4] == "Pss:"), 0)
+            total = (total or 0) + kib * 1024
+        return total
+
+    def audit(self) -> dict:
+        memory = self.memory_bytes()
+        return {
+            "runtime": "gvisor",
+            "runsc": runsc_version(),
+            "platform": PLATFORM,
+            "network": "none",
+            "root": "read-only",
+            "container": self.cid,
+            "restored_from": Path(self.image).name if self.image else None,
+            "memory_mib": None if memory is None else round(memory / 2**20, 1),
+            "age_s": round(time.monotonic() - self.started, 3),
+        }
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+class Gvisor:
+    """The host's sandboxes: one runsc state root, one bundle, checkpoint images, and a reaper
+    that waits for stopped sandboxes and deletes their state."""
+
+    def __init__(self, workdir: str | Path | None, worker_argv: Sequence[str], timeout_s: float):
+        problem = gvisor_problem()
+        if problem:
+            raise SandboxUnavailable(f"the gVisor sandbox cannot run: {problem}")
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="envab-gvisor-")).resolve()
+        self.root = self.workdir / "state"
+        self.images = self.workdir / "images"
+        self.bundle = self.workdir / "bundle"
+        for d in (self.root, self.images, self.bundle):
+            d.mkdir(parents=True, exist_ok=True)
+        _write_bundle(self.bundle, worker_argv)
+        self.timeout_s = timeout_s
+        self._templates: dict[object, str] = {}
+        self._template_locks: dict[object, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._live: dict[str, Sandbox] = {}
+        self._reap: queue.Queue = queue.Queue()
+        self._reaper = threading.Thread(target=self._reaper_loop, name="gvisor-reaper", daemon=True)
+        self._reaper.start()
+
+    def _runsc(self, *args: str) -> list[str]:
+        return [RUNSC, "--root", str(self.root), "--network=none", f"--platform={PLATFORM}", *args]
+
+    # --- starting sandboxes ------------------------------------------------------------------
+
+    def _launch(self, args: list[str], image: str) -> Sandbox:
+        cid = f"env-{uuid.uuid4().hex[:12]}"
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        try:
+            proc = start_child(
+                self._runsc(*args, cid),
+                death_signal=signal.SIGKILL,  # the attached sandbox goes with it
+                stdin=to_child_r,
+                stdout=from_child_w,
+                cwd=self.bundle,
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        sandbox = Sandbox(cid, proc, PipeChannel(from_child_r, to_child_w), image)
+        with self._lock:
+            self._live[cid] = sandbox
+        return sandbox
+
+    def run(self) -> tuple[Sandbox, dict]:
+        """A fresh sandbox running the worker, and the worker's hello."""
+        sandbox = self._launch(["run", "--bundle", str(self.bundle)], "")
+        return sandbox, self._first_words(sandbox, None)
+
+    def restore(self, image: str, n: int) -> list[tuple[Sandbox, dict]]:
+        """n copies of a checkpoint, restored side by side; each greeted (`hello`)."""
+
+        def one(_):
+            sandbox = self._launch(
+                ["restore", "--image-path", image, "--bundle", str(self.bundle)], image
+            )
+            return sandbox, self._first_words(sandbox, ("hello",))
+
+        if n == 1:
+            return [one(0)]
+        with ThreadPoolExecutor(max_workers=min(n, 8)) as ex:
+            futures = [ex.submit(one, i) for i in range(n)]
+            results, error = [], None
+            for f in futures:
+                try:
+                    results.append(f.result())
+                except Exception as e:  # keep the others to stop them
+                    error = error or e
+        if error is not None:
+            for sandbox, _ in results:
+                self.stop(sandbox, kill=True)
+            raise error
+        return results
+
+    def _first_words(self, sandbox: Sandbox, message) -> dict:
+        try:
+            if message is None:
+                return sandbox.channel.recv(timeout=self.timeout_s)
+            return sandbox.channel.call(message, timeout=self.timeout_s)
+        except Exception:
+            self.stop(sandbox, kill=True)
+            raise
+
+    def checkpoint(self, sandbox: Sandbox, name: str) -> str:
+        """Checkpoint a running sandbox into a new image (the sandbox stops); the image's path."""
+        image = tempfile.mkdtemp(prefix=f"{name}-", dir=self.images)
+        done = subprocess.run(
+            self._runsc("checkpoint", "--image-path", image, sandbox.cid),
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_s,
+            check=False,
+        )
+        self.stop(sandbox, kill=done.returncode != 0)
+        if done.returncode != 0:
+            shutil.rmtree(image, ignore_errors=True)
+            raise RuntimeError(f"runsc checkpoint failed: {done.stderr.strip()[-300:]}")
+        return image
+
+    def template(self, key, prepare: Callable[[Sandbox], None]) -> str:
+        """The checkpoint image for `key`, made once: a fresh sandbox, `prepare(sandbox)`, and
+        a checkpoint. A prepare that raises leaves no image and raises again next time."""
+        with self._lock:
+            lock = self._template_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._templates:
+                sandbox, _ = self.run()
+                try:
+                    prepare(sandbox)
+                except BaseException:
+                    self.stop(sandbox, kill=True)
+                    raise
+                self._templates[key] = self.checkpoint(sandbox, "template")
+            return self._templates[key]
+
+    def fork(self, parent: Sandbox, n: int) -> tuple[tuple[Sandbox, dict], list]:
+        """Checkpoint `parent` and restore it n + 1 times: the parent's continuation first, then
+        the n children. The image goes once every copy has answered."""
+        image = self.checkpoint(parent, "fork")
+        try:
+            copies = self.restore(image, n + 1)
+        finally:
+            shutil.rmtree(image, ignore_errors=True)
+        return copies[0], copies[1:]
+
+    # --- stopping ----------------------------------------------------------------------------
+
+    def stop(self, sandbox: Sandbox, kill: bool) -> None:
+        """Close the worker's channel (it exits, and so does its sandbox), or kill the sandbox
+        outright; the reaper waits for it and deletes its state."""
+        if kill and sandbox.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                sandbox.proc.kill()
+        sandbox.channel.close()
+        self._reap.put(sandbox)
+
+    def _reaper_loop(self) -> None:
+        while True:
+            sandbox = self._reap.get()
+            if sandbox is None:
+                return
+            try:
+                sandbox.proc.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                sandbox.proc.kill()
+                sandbox.proc.wait()
+            subprocess.run(
+                self._runsc("delete", "--force", sandbox.cid), capture_output=True, check=False
+            )
+            with self._lock:
+                self._live.pop(sandbox.cid, None)
+
+    def close(self) -> None:
+        """Stop every sandbox, wait for the reaper, remove the images and state."""
+        with self._lock:
+            live = list(self._live.values())
+        for sandbox in live:
+            self.stop(sandbox, kill=True)
+        self._reap.put(None)
+        self._reaper.join(timeout=60)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            for d in (self.images, self.root):
+                shutil.rmtree(d, ignore_errors=True)

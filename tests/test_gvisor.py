@@ -1,0 +1,161 @@
+"""The gVisor sandboxes of the fork host, against real runsc: isolation before and after a
+restore, a fork that copies the sandbox's memory and then lets each copy go its own way, and a
+sandbox killed from outside that is an invalid verdict, not a crash. The host's protocol on
+gVisor (fork children in the parent's exact state, the fault matrix) is in test_host.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+import envab
+from envab.envs.arm_schema import ArmError
+from envab.envs.arms import open_arm
+from envab.envs.host.gvisor import Gvisor, SandboxUnavailable, gvisor_problem
+from envab.envs.host.pool import HostConfig, Pool
+from envab.envs.tasks.build import build
+
+needs_gvisor = pytest.mark.skipif(
+    gvisor_problem() is not None, reason=f"gVisor sandbox: {gvisor_problem()}"
+)
+
+# A worker that answers the host's greetings and probes its own sandbox.
+PROBE = r"""
+import errno, os, socket, sys
+from envab.envs.host.channel import PipeChannel
+
+def attempt(f):
+    try:
+        return f()
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+
+ch = PipeChannel(0, 1)
+sys.stdout = sys.stderr
+ch.send({"pid": os.getpid()})
+while True:
+    try:
+        op, *args = ch.recv()
+    except Exception:
+        os._exit(0)
+    if op == "hello":
+        reply = {"state_sha256": None}
+    elif op == "probe":
+        port, secrets = args
+        reply = {
+            "connect": attempt(lambda: socket.create_connection(("127.0.0.1", port), 2) and "ok"),
+            "interfaces": sorted(name for _, name in socket.if_nameindex()),
+            "secrets": [attempt(lambda p=p: open(p).read()) for p in secrets],
+            "write_usr": attempt(lambda: open("/usr/envab-probe", "w") and "ok"),
+        }
+    elif op == "write":
+        with open("/tmp/state", "w") as f:
+            f.write(args[0])
+        reply = {"ok": True}
+    elif op == "read":
+        reply = {"state": open("/tmp/state").read()}
+    ch.send(reply)
+"""
+
+
+@pytest.fixture
+def sandboxes(tmp_path):
+    gv = Gvisor(tmp_path / "gvisor", [sys.executable, "-c", PROBE], timeout_s=60)
+    yield gv
+    gv.close()
+
+
+@needs_gvisor
+def test_a_sandbox_has_no_network_and_no_host_files_before_and_after_a_restore(sandboxes, tmp_path):
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    # A token beside the run, the machine's accounts, this checkout's own files: none is there.
+    secrets = [
+        str(token),
+        "/etc/passwd",
+        str(Path(envab.__file__).resolve().parents[1] / "README.md"),
+    ]
+    assert all(Path(p).exists() for p in secrets)
+    assert socket.create_connection(("127.0.0.1", port), 2)  # the host itself can connect
+    sandbox, hello = sandboxes.run()
+    assert hello["pid"] == 1  # the worker is the sandbox's init, in its own pid namespace
+    isolated = {
+        "connect": "ECONNREFUSED",  # the sandbox's loopback is its own
+        "interfaces": ["lo"],
+        "secrets": ["ENOENT"] * 3,  # the root holds /usr, Python and this package, nothing else
+        "write_usr": "EROFS",
+    }
+    assert sandbox.channel.call(("probe", port, secrets), timeout=30) == isolated
+    image = sandboxes.checkpoint(sandbox, "probe")
+    ((restored, _),) = sandboxes.restore(image, 1)
+    assert restored.channel.call(("probe", port, secrets), timeout=30) == isolated
+    listener.close()
+
+
+@needs_gvisor
+def test_a_fork_copies_the_sandbox_memory_then_each_copy_is_its_own(sandboxes):
+    parent, _ = sandboxes.run()
+    parent.channel.call(("write", "before the fork"), timeout=30)
+    (parent, _), children = sandboxes.fork(parent, 3)
+    assert len({parent.cid, *(c.cid for c, _ in children)}) == 4
+    for i, (child, _) in enumerate(children):
+        assert child.channel.call(("read",), timeout=30) == {"state": "before the fork"}
+        child.channel.call(("write", f"child {i}"), timeout=30)
+    parent.channel.call(("write", "parent"), timeout=30)
+    assert [c.channel.call(("read",), timeout=30)["state"] for c, _ in children] == [
+        "child 0",
+        "child 1",
+        "child 2",
+    ]
+    assert parent.channel.call(("read",), timeout=30) == {"state": "parent"}
+    assert parent.memory_bytes() > 10 * 2**20  # the sandbox's kernel and the worker's memory
+
+
+@needs_gvisor
+def test_a_sandbox_killed_from_outside_is_an_invalid_verdict_and_the_host_goes_on():
+    tasks, solutions = build(seed=1, per_family=1)
+    task = next(t for t in tasks if t["id"] == "click_button-s1-000")
+    oracle = next(s for s in solutions if s["id"] == task["id"])["oracle"]
+    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", step_timeout_s=5))
+    pool.start()
+    try:
+        env = pool.create(task)
+        assert env["valid"]
+        audit = pool.verify(env["env_id"])["audit"]
+        os.kill(audit["worker_pid"], signal.SIGKILL)  # runsc, and the sandbox attached to it
+        after = pool.step(env["env_id"], oracle[0], 0)
+        assert (after["valid"], after["verdict"], after["failed_gates"]) == (
+            False,
+            "env_failure",
+            ["worker_alive"],
+        )
+        v = pool.verify(env["env_id"])
+        assert (v["valid"], v["score"]) == (False, None)
+        assert v["audit"]["sandbox"]["container"] == audit["sandbox"]["container"]
+        again = pool.create(task)  # the host itself is fine
+        assert again["valid"]
+        assert pool.verify(pool.step(again["env_id"], oracle[0], 0)["env_id"])["score"] == 1.0
+    finally:
+        pool.stop()
+
+
+def test_where_gvisor_cannot_run_the_host_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr("envab.envs.host.gvisor.RUNSC", "no-such-runsc")
+    assert gvisor_problem("no-such-runsc").startswith("no-such-runsc not found: install")
+    with pytest.raises(SandboxUnavailable, match="no-such-runsc not found"):
+        Gvisor(tmp_path, ["true"], timeout_s=1)
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        HostConfig(mode="fork", sandbox="docker")
+
+
+def test_a_drums_host_chooses_its_own_sandbox():
+    arm = {"backend": "drums", "url": "http://127.0.0.1:9", "sandbox": "gvisor"}
+    with pytest.raises(ArmError, match="embedded host's setting"), open_arm(arm):
+        pass
