@@ -1,36 +1,50 @@
-"""Benchmark the embedded host through the Drums client: restore vs fork.
+"""Benchmark the environment arms side by side on the Pillow desktop: the QEMU pool, the fork host
+on gVisor, and the fork host's plain-process mode.
 
-    python bench/envs_bench.py [--per-family 2] [--seconds 8] [--group 8] [--out FILE.json]
+    python bench/envs_bench.py [--arms qemu gvisor process] [--seconds 20] [--group 8]
+                               [--out FILE.json]
 
-Prints two markdown tables:
-- latency (median, p95) of create/restore, fork per child and step, measured at the client
-  (HTTP round trip included) and at the host (the host's own timings);
-- valid rollouts per host-hour with the oracle policy (from the task factory's solutions) at 1,
-  2 and 4 parallel environments. One rollout is one environment: set-up, the oracle's actions,
-  verify, close. Restore mode creates every environment of a GRPO group from the snapshot; fork
-  mode creates one parent per group and forks it into the group's children. A host-hour is an
-  hour of wall time with the host held. The policy takes no time here, so this is the
-  environment's ceiling, not a training rate.
+Prints, per arm, in one run (compare ratios within a run: timings on a shared 2-core machine
+move about 20 % between runs):
+- latency (median, p95, at the client: the HTTP round trip or the QMP calls included) of create
+  (a task's environment with its set-up done and first screenshot taken), fork per child (fork
+  arms: one fork of `group` children divided by `group`), step (an action and the screenshot
+  after it) and observe (a screenshot, no action);
+- memory per environment: the proportional set size (PSS: shared pages split among sharers) of
+  every process the arm runs (host, sandboxes or VMs, and their helpers), with `group`
+  environments open, divided by `group`;
+- valid rollouts per host-hour with the oracle policy (the task factory's solutions) at 1, 2, 4
+  and 8 parallel groups: each group is one task's `group` environments, made by a fork of one
+  parent where the arm can fork and by `group` creates where it cannot (QEMU restores a warm
+  snapshot per environment). One rollout: the oracle's actions, verify, close. A host-hour is an
+  hour of wall time with the arm held. The policy takes no time, so this is the environment's
+  ceiling, not a training rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import secrets
+import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 
-from envab.envs.drums import DrumsBackend
-from envab.envs.host import serve_embedded
+from envab.envs.arms import open_arm
 from envab.envs.tasks.build import build
 
-MODES = ("restore", "fork")
-PARALLEL = (1, 2, 4)
+REPO = Path(__file__).resolve().parent.parent
+ARMS = {
+    # The pool holds every environment of the largest cell (8 groups of 8 would be 64 VMs: the
+    # QEMU cells stop at what max_vms allows, and say so).
+    "qemu": {"backend": "qemu", "vms": 8, "max_vms": 16, "cache": str(REPO / "build" / "qemu")},
+    "gvisor": {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "gvisor"},
+    "process": {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "process"},
+}
+PARALLEL = (1, 2, 4, 8)
 
 
 def summary(xs: list[float]) -> tuple[float, float]:
@@ -40,39 +54,69 @@ def summary(xs: list[float]) -> tuple[float, float]:
     return statistics.median(ms), p95
 
 
-def measure_latency(
-    backend: DrumsBackend, mode: str, tasks, oracle, rounds: int, group: int
-) -> dict[str, dict[str, list[float]]]:
-    out = {k: {"client": [], "host": []} for k in ("create", "fork_per_child", "step")}
+def group_of(backend, task, group: int) -> list:
+    """One task's `group` environments: a parent forked into `group` children, or creates."""
+    if backend.can_fork:
+        parent = backend.create(task)
+        children = parent.fork(group)
+        parent.close()
+        return children
+    return [backend.create(task) for _ in range(group)]
+
+
+def tree_pss_bytes(pid: int) -> int:
+    """PSS of `pid` and every process below it."""
+    kib, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        with suppress(OSError):
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+            kib += next(int(ln.split()[1]) for ln in rollup.splitlines() if ln[:4] == "Pss:")
+        with suppress(OSError):
+            for tid in Path(f"/proc/{p}/task").iterdir():
+                with suppress(OSError):
+                    todo += [int(k) for k in (tid / "children").read_text().split()]
+    return kib * 1024
+
+
+def measure_latency(backend, tasks, oracle, rounds: int, group: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"create": [], "fork_per_child": [], "step": [], "observe": []}
     for i in range(rounds):
         task = tasks[i % len(tasks)]
         t0 = time.perf_counter()
         session = backend.create(task)
-        out["create"]["client"].append(time.perf_counter() - t0)
-        out["create"]["host"].append(session.timings["create_s"])
+        out["create"].append(time.perf_counter() - t0)
         sessions = [session]
-        if mode == "fork":
+        if backend.can_fork:
             t0 = time.perf_counter()
-            children = session.fork(group)
-            out["fork_per_child"]["client"].append((time.perf_counter() - t0) / group)
-            out["fork_per_child"]["host"].append(children[0].timings["per_child_s"])
-            sessions += children
+            sessions += session.fork(group)
+            out["fork_per_child"].append((time.perf_counter() - t0) / group)
         for s in sessions[:2]:
             for action in oracle[task["id"]]:
                 t0 = time.perf_counter()
                 s.step(action)
-                out["step"]["client"].append(time.perf_counter() - t0)
-                out["step"]["host"].append(s.timings["step_s"])
+                out["step"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            s.observe()
+            out["observe"].append(time.perf_counter() - t0)
             assert s.verify().valid
         for s in sessions:
             s.close()
-    return out
+    return {k: v for k, v in out.items() if v}
 
 
-def rollouts(
-    backend: DrumsBackend, mode: str, tasks, oracle, parallel: int, seconds: float, group: int
-) -> dict:
-    """Run `parallel` environments at once for `seconds`; count valid verified rollouts."""
+def memory_per_env(backend, task, group: int) -> float:
+    """MiB of the whole process tree with one group open, per environment."""
+    sessions = group_of(backend, task, group)
+    try:
+        return tree_pss_bytes(os.getpid()) / group / 2**20
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) -> dict:
+    """Run `parallel` groups at once for `seconds`; count valid verified rollouts."""
     counts = {"valid": 0, "invalid": 0, "success": 0}
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
@@ -91,15 +135,8 @@ def rollouts(
         while time.monotonic() < deadline:
             task = tasks[i % len(tasks)]
             i += parallel
-            if mode == "fork":
-                parent = backend.create(task)
-                children = parent.fork(group)
-                parent.close()
-                for child in children:
-                    one(child)
-            else:
-                for _ in range(group):
-                    one(backend.create(task))
+            for session in group_of(backend, task, group):
+                one(session)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(parallel)]
@@ -111,36 +148,43 @@ def rollouts(
     return {**counts, "seconds": elapsed, "per_host_hour": counts["valid"] / elapsed * 3600}
 
 
+def bench_arm(name: str, args, tasks, oracle) -> dict:
+    arm = dict(ARMS[name])
+    result: dict = {"arm": arm}
+    t0 = time.perf_counter()
+    with open_arm(arm) as backend:
+        backend.create(tasks[0]).close()  # warm: a guest booted, a template checkpointed
+        result["warm_up_s"] = time.perf_counter() - t0
+        lat = measure_latency(backend, tasks, oracle, args.rounds, args.group)
+        result["latency"] = {op: summary(xs) for op, xs in lat.items()}
+        result["memory_mib_per_env"] = memory_per_env(backend, tasks[0], args.group)
+        limit = arm.get("max_vms", 10**6) // args.group
+        result["throughput"] = {
+            n: rollouts(backend, tasks, oracle, n, args.seconds, args.group)
+            for n in PARALLEL
+            if n <= limit
+        }
+    print(f"{name}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per-family", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=8.0, help="per throughput cell")
-    p.add_argument("--rounds", type=int, default=30, help="latency rounds per mode")
+    p.add_argument("--seconds", type=float, default=20.0, help="per throughput cell")
+    p.add_argument("--rounds", type=int, default=10, help="latency rounds per arm")
     p.add_argument("--group", type=int, default=8, help="GRPO group size (fork children)")
     p.add_argument("--out", type=Path, help="also write the numbers as JSON")
     args = p.parse_args(argv)
 
     tasks, solutions = build(seed=args.seed, per_family=args.per_family)
     oracle = {s["id"]: s["oracle"] for s in solutions}
-    results: dict = {"latency": {}, "throughput": {}, "args": vars(args) | {"out": None}}
-    with tempfile.TemporaryDirectory() as tmp:
-        token_file = Path(tmp) / "token"
-        token_file.write_text(secrets.token_hex(16))
-        for mode in MODES:
-            with (
-                serve_embedded(mode, token_file) as url,
-                DrumsBackend(url, token_file=token_file) as backend,
-            ):
-                lat = measure_latency(backend, mode, tasks, oracle, args.rounds, args.group)
-                results["latency"][mode] = {
-                    op: {side: summary(xs) for side, xs in sides.items() if xs}
-                    for op, sides in lat.items()
-                }
-                results["throughput"][mode] = {
-                    n: rollouts(backend, mode, tasks, oracle, n, args.seconds, args.group)
-                    for n in PARALLEL
-                }
+    results = {
+        "args": vars(args) | {"out": None},
+        "arms": {name: bench_arm(name, args, tasks, oracle) for name in args.arms},
+    }
     print(render(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
@@ -148,31 +192,40 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(results: dict) -> str:
+    arms = results["arms"]
+    ops = ("create", "fork_per_child", "step", "observe")
     lines = [
-        "| mode | operation | client median ms | client p95 ms | host median ms | host p95 ms |",
-        "|---|---|---:|---:|---:|---:|",
+        "| arm | " + " | ".join(f"{op} ms (median / p95)" for op in ops) + " | MiB per env |",
+        "|---|" + "---:|" * (len(ops) + 1),
     ]
-    for mode, ops in results["latency"].items():
-        for op, sides in ops.items():
-            if not sides:
-                continue
-            c, h = sides["client"], sides["host"]
-            lines.append(f"| {mode} | {op} | {c[0]:.1f} | {c[1]:.1f} | {h[0]:.1f} | {h[1]:.1f} |")
+    for name, r in arms.items():
+        cells = [
+            f"{r['latency'][op][0]:.1f} / {r['latency'][op][1]:.1f}" if op in r["latency"] else "-"
+            for op in ops
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['memory_mib_per_env']:.0f} |")
+    group = results["args"]["group"]
     lines += [
         "",
-        "| mode | " + " | ".join(f"{n} env{'s' if n > 1 else ''}" for n in PARALLEL) + " |",
+        "| arm | "
+        + " | ".join(f"{n} group{'s' if n > 1 else ''} of {group}" for n in PARALLEL)
+        + " |",
         "|---|" + "---:|" * len(PARALLEL),
     ]
-    for mode, cells in results["throughput"].items():
-        row = [f"{cells[n]['per_host_hour']:,.0f}" for n in PARALLEL]
-        lines.append(f"| {mode} | " + " | ".join(row) + " |")
-    invalid = sum(c["invalid"] for cells in results["throughput"].values() for c in cells.values())
-    valid = sum(c["valid"] for cells in results["throughput"].values() for c in cells.values())
-    success = sum(c["success"] for cells in results["throughput"].values() for c in cells.values())
+    valid = invalid = success = 0
+    for name, r in arms.items():
+        row = []
+        for n in PARALLEL:
+            cell = r["throughput"].get(n, r["throughput"].get(str(n)))
+            row.append("-" if cell is None else f"{cell['per_host_hour']:,.0f}")
+            if cell:
+                valid, invalid = valid + cell["valid"], invalid + cell["invalid"]
+                success += cell["success"]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += [
         "",
-        f"valid rollouts per host-hour, oracle policy; {valid} valid "
-        f"({success} scored 1), {invalid} invalid",
+        f"valid rollouts per host-hour, oracle policy; {valid} valid ({success} scored 1), "
+        f"{invalid} invalid; '-': more environments than the arm's pool holds",
     ]
     return "\n".join(lines)
 

@@ -159,3 +159,12 @@ def test_a_drums_host_chooses_its_own_sandbox():
     arm = {"backend": "drums", "url": "http://127.0.0.1:9", "sandbox": "gvisor"}
     with pytest.raises(ArmError, match="embedded host's setting"), open_arm(arm):
         pass
+
+
+@needs_gvisor
+def test_a_worker_that_cannot_start_in_a_sandbox_stops_the_host_at_start(tmp_path):
+    broken = [sys.executable, "-c", "import no_such_module_of_envab"]
+    gv = Gvisor(tmp_path / "gvisor", broken, timeout_s=60)
+    with pytest.raises(SandboxUnavailable, match="the worker did not start in a gVisor sandbox"):
+        gv.probe()
+    assert not list((tmp_path / "gvisor" / "images").glob("*"))

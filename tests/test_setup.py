@@ -70,7 +70,7 @@ def test_as_root_without_sudo_it_updates_then_installs(machine):
     result, calls = machine(uid=0)
     assert result.returncode == 0, result.stderr
     assert calls[0] == "apt-get update -qq"
-    assert calls[1].startswith("apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap")
+    assert calls[1] == "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap runsc"
     assert calls[2:] == [
         "python3 -m venv .venv",
         "pip install -q -e .[test]",

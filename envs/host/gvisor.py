@@ -95,6 +95,14 @@ def _root_mounts() -> tuple[list[dict], list[tuple[str, str]]]:
     return spec, links
 
 
+def _python_path() -> str:
+    """Where `envab` itself was found, for a job that imports it from its working folder (a
+    workflow copy) rather than from the environment: only the package is bound there."""
+    import envab
+
+    return os.pathsep.join(sorted({os.path.dirname(os.path.realpath(d)) for d in envab.__path__}))
+
+
 def _write_bundle(bundle: Path, argv: Sequence[str]) -> None:
     """An OCI bundle: an empty read-only root with the binds, tmpfs where a desktop writes."""
     rootfs = bundle / "rootfs"
@@ -117,6 +125,7 @@ def _write_bundle(bundle: Path, argv: Sequence[str]) -> None:
                 "LANG=C.UTF-8",
                 "PYTHONDONTWRITEBYTECODE=1",
                 "PYTHONUNBUFFERED=1",
+                f"PYTHONPATH={_python_path()}",
             ],
             "user": {"uid": 0, "gid": 0},
         },
@@ -248,6 +257,19 @@ class Gvisor:
         """A fresh sandbox running the worker, and the worker's hello."""
         sandbox = self._launch(["run", "--bundle", str(self.bundle)], "")
         return sandbox, self._first_words(sandbox, None)
+
+    def probe(self) -> None:
+        """Start one sandbox and stop it: a worker that cannot start (its imports are not in
+        the sandbox's root) is the host's misconfiguration, said once at start, not an
+        environment failure at every create."""
+        try:
+            sandbox, _ = self.run()
+        except (OSError, EOFError, ConnectionError, TimeoutError) as e:
+            self.close()
+            raise SandboxUnavailable(
+                f"the worker did not start in a gVisor sandbox ({e}); its error is above"
+            ) from None
+        self.stop(sandbox, kill=False)
 
     def restore(self, image: str, n: int) -> list[tuple[Sandbox, dict]]:
         """n copies of a checkpoint, restored side by side; each greeted (`hello`)."""

@@ -195,6 +195,7 @@ class Pool:
             argv = [sys.executable, "-c", _ZYGOTE, "--stdio", "--mode", self.config.mode,
                     "--desktop", self.config.desktop]  # fmt: skip
             self.gvisor = Gvisor(self.config.sandbox_dir, argv, self.config.create_timeout_s)
+            self.gvisor.probe()  # a worker that cannot start in a sandbox stops the host here
             log.info("gVisor sandboxes under %s (mode %s)", self.gvisor.workdir, self.config.mode)
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""The in-environment server of the real X desktop: it runs *inside* the environment (the gVisor
+sandbox's root, later the QEMU guest), with the image's own Python, so it imports nothing of
+env-ab and only what the image holds (Pillow, python3-xlib, pyautogui).
+
+It starts the display (Xvfb, the openbox window manager) and answers the requests OSWorld's task
+configs, its controllers and its getters make (`desktop_env/controllers/python.py`), on the same
+routes: GET /screenshot, POST /execute (a command list or string, e.g. a pyautogui one-liner),
+/run_python, /run_bash_script, /file, /list_directory, /screen_size, GET /platform, and the set-up
+steps under /setup/ (launch, execute, open_file, upload, activate_window, close_window). Routes a
+getter may ask for but this desktop does not provide (/terminal, /accessibility) answer 501.
+
+Two ways in, one set of handlers:
+- `--http PORT`: an HTTP server (a guest whose host reaches it over a forwarded port);
+- `--stdio`: the env-ab host's channel over standard input and output (a gVisor sandbox has no
+  network): length-prefixed pickles, the same operations as the Pillow desktop's worker
+  (prepare, hello, init, arm, step, observe, state, close) plus `http`, which carries one raw
+  request to the handlers above (the host relays OSWorld's getters through it).
+
+Every screenshot carries its frame number (the environment's step count), as the host's gates
+expect; the fault switches are the worker's (kill, stall, blank, stale, corrupt restore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.parser
+import hashlib
+import io
+import json
+import os
+import pickle
+import random
+import select
+import shlex
+import signal
+import struct
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+DISPLAY = ":0"
+HOME = Path(os.environ.get("HOME", "/root"))
+SETTLE_S = 1.0  # the longest a step waits for the screen to stop changing
+_HEADER = struct.Struct("!I")
+
+
+class SetupError(RuntimeError):
+    """A set-up step that cannot run here (the host fails the environment's set-up gate)."""
+
+
+# --- the display -------------------------------------------------------------------------------
+
+
+class Display:
+    def __init__(self):
+        self.size: tuple[int, int] | None = None
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, width: int, height: int) -> None:
+        if self.size is not None:
+            if self.size != (width, height):
+                raise SetupError(f"display is {self.size}, asked for {(width, height)}")
+            return
+        os.environ["DISPLAY"] = DISPLAY
+        HOME.mkdir(parents=True, exist_ok=True)
+        self.spawn(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
+                    "-noreset", "-nocursor"])  # fmt: skip
+        wait_for(lambda: Path("/tmp/.X11-unix/X0").exists(), 20, "the X server")
+        wait_for(lambda: run(["xdpyinfo"], timeout=5).returncode == 0, 20, "the X server")
+        self.spawn(["openbox"])
+        wait_for(lambda: _wm_running(), 20, "the window manager")
+        self.size = (width, height)
+
+    def spawn(self, argv, **kw) -> subprocess.Popen:
+        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
+                 "stderr": subprocess.DEVNULL}  # fmt: skip
+        proc = subprocess.Popen(argv, start_new_session=True, **quiet, **kw)
+        self.children.append(proc)
+        return proc
+
+    def grab(self):
+        from PIL import ImageGrab
+
+        return ImageGrab.grab(xdisplay=DISPLAY)
+
+
+def _wm_running() -> bool:
+    out = run(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], timeout=5)
+    return out.returncode == 0 and "window id" in out.stdout
+
+
+def run(argv, timeout: float = 30, shell: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, shell=shell,
+                          cwd=HOME, check=False)  # fmt: skip
+
+
+def wait_for(ok, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if ok():
+                return
+        except (OSError, subprocess.SubprocessError):
+            pass
+        time.sleep(0.05)
+    raise SetupError(f"{what} did not come up within {timeout_s} s")
+
+
+def png(image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG", compress_level=1)
+    return buf.getvalue()
+
+
+# --- the OSWorld routes ------------------------------------------------------------------------
+
+
+def _command(body: dict):
+    command, shell = body.get("command"), bool(body.get("shell", False))
+    if isinstance(command, str) and not shell:
+        command = shlex.split(command)
+    if not command:
+        raise ValueError("no command")
+    return command, shell
+
+
+class Routes:
+    def __init__(self, display: Display):
+        self.display = display
+
+    def handle(self, method: str, path: str, content_type: str, body: bytes):
+        """(status, content type, body bytes) for one request."""
+        route = urlsplit(path).path.rstrip("/") or "/"
+        name = "r_" + route.strip("/").replace("/", "_")
+        handler = getattr(self, name, None)
+        if handler is None:
+            return 404, "application/json", json.dumps({"error": f"no route {route}"}).encode()
+        try:
+            data = parse_body(content_type, body)
+            status, kind, out = handler(method, data)
+        except NotImplementedError as e:
+            return 501, "application/json", json.dumps({"error": str(e)}).encode()
+        except (ValueError, KeyError, TypeError, OSError, SetupError) as e:
+            error = {"error": f"{type(e).__name__}: {e}"}
+            return 400, "application/json", json.dumps(error).encode()
+        if isinstance(out, (dict, list)):
+            return status, "application/json", json.dumps(out).encode()
+        if isinstance(out, str):
+            return status, kind, out.encode()
+        return status, kind, out
+
+    # Observation
+    def r_screenshot(self, method, data):
+        return 200, "image/png", png(self.display.grab())
+
+    def r_screen_size(self, method, data):
+        w, h = self.display.size or (0, 0)
+        return 200, "application/json", {"width": w, "height": h}
+
+    def r_platform(self, method, data):
+        return 200, "text/plain", "Linux"
+
+    def r_terminal(self, method, data):
+        raise NotImplementedError("this desktop provides no terminal getter")
+
+    def r_accessibility(self, method, data):
+        raise NotImplementedError("this desktop provides no accessibility tree")
+
+    # Commands
+    def r_execute(self, method, data):
+        command, shell = _command(data)
+        done = run(command, timeout=float(data.get("timeout", 120)), shell=shell)
+        return 200, "", {"status": "success" if done.returncode == 0 else "error",
+                         "output": done.stdout, "error": done.stderr,
+                         "returncode": done.returncode}  # fmt: skip
+
+    r_setup_execute = r_execute
+
+    def r_run_python(self, method, data):
+        done = run([sys.executable, "-c", data["code"]], timeout=float(data.get("timeout", 30)))
+        return 200, "", {"status": "success" if done.returncode == 0 else "error",
+                         "message": "", "output": done.stdout, "error": done.stderr,
+                         "return_code": done.returncode}  # fmt: skip
+
+    def r_run_bash_script(self, method, data):
+        done = subprocess.run(["bash", "-c", data["script"]], capture_output=True, text=True,
+                              timeout=float(data.get("timeout", 30)),
+                              cwd=data.get("working_dir") or HOME, check=False)  # fmt: skip
+        return 200, "", {"status": "success" if done.returncode == 0 else "error",
+                         "output": done.stdout, "error": done.stderr,
+                         "returncode": done.returncode}  # fmt: skip
+
+    def r_setup_launch(self, method, data):
+        command, shell = _command(data)
+        self.display.spawn(command, shell=shell, cwd=HOME)
+        return 200, "text/plain", "launched"
+
+    def r_setup_open_file(self, method, data):
+        path = Path(data["path"]).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"no file {path}")
+        self.display.spawn(["xdg-open", str(path)], cwd=HOME)
+        wait_for(lambda: _window(path.name), 30, f"a window for {path.name}")
+        return 200, "text/plain", "opened"
+
+    def r_setup_activate_window(self, method, data):
+        found = _window(data["window_name"], by_class=bool(data.get("by_class")))
+        if not found:
+            raise ValueError(f"no window {data['window_name']!r}")
+        run(["xdotool", "windowactivate", "--sync", found[0]], timeout=10)
+        return 200, "text/plain", "activated"
+
+    def r_setup_close_window(self, method, data):
+        for window in _window(data["window_name"], by_class=bool(data.get("by_class"))):
+            run(["xdotool", "windowclose", window], timeout=10)
+        return 200, "text/plain", "closed"
+
+    def r_setup_upload(self, method, data):
+        path = Path(data["file_path"]).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        content = data["file_data"]
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return 200, "text/plain", "uploaded"
+
+    # Files
+    def r_file(self, method, data):
+        path = Path(data["file_path"]).expanduser()
+        if not path.is_file():
+            return 404, "application/json", {"error": f"no file {path}"}
+        return 200, "application/octet-stream", path.read_bytes()
+
+    def r_list_directory(self, method, data):
+        root = Path(data["path"]).expanduser()
+
+        def tree(p: Path) -> dict:
+            node = {"name": p.name, "type": "directory" if p.is_dir() else "file"}
+            if p.is_dir():
+                node["children"] = [tree(c) for c in sorted(p.iterdir())]
+            return node
+
+        return 200, "", tree(root)
+
+
+def _window(name: str, by_class: bool = False) -> list[str]:
+    out = run(["xdotool", "search", "--onlyvisible", "--class" if by_class else "--name", name],
+              timeout=10)  # fmt: skip
+    return out.stdout.split()
+
+
+def parse_body(content_type: str, body: bytes) -> dict:
+    if not body:
+        return {}
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        return json.loads(body)
+    if kind == "application/x-www-form-urlencoded":
+        return {k: v[0] for k, v in parse_qs(body.decode()).items()}
+    if kind == "multipart/form-data":
+        message = email.parser.BytesParser().parsebytes(
+            b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
+        )
+        out = {}
+        for part in message.get_payload():
+            name = part.get_param("name", header="content-disposition")
+            payload = part.get_payload(decode=True)
+            out[name] = payload if part.get_filename() else payload.decode()
+        return out
+    try:
+        return json.loads(body)
+    except ValueError:
+        return {}
+
+
+# --- the environment: set-up steps, actions, state, faults -------------------------------------
+
+SETUP_STEPS = ("launch", "execute", "command", "sleep", "open", "activate_window", "close_window")
+KEYS = {"enter", "tab", "backspace", "escape", "space", "up", "down", "left", "right", "delete",
+        "home", "end", "pageup", "pagedown", "f2", "ctrl", "shift", "alt"}  # fmt: skip
+
+
+class Environment:
+    def __init__(self, display: Display):
+        self.display = display
+        self.routes = Routes(display)
+        self.steps = 0
+        self.faults: dict = {}
+        self.shown: tuple[bytes, int] | None = None
+
+    def setup(self, config: list) -> None:
+        """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate)."""
+        for step in config:
+            kind, params = step.get("type"), step.get("parameters", {}) or {}
+            if kind == "screen":
+                continue  # the display's size, already made by prepare
+            if kind not in SETUP_STEPS:
+                raise SetupError(f"set-up step {kind!r} is not one of {SETUP_STEPS}")
+            if kind == "sleep":
+                time.sleep(float(params.get("seconds", 1)))
+                continue
+            route = {"launch": "setup/launch", "execute": "setup/execute",
+                     "command": "setup/execute", "open": "setup/open_file",
+                     "activate_window": "setup/activate_window",
+                     "close_window": "setup/close_window"}[kind]  # fmt: skip
+            status, _, out = self.routes.handle("POST", "/" + route, "application/json",
+                                                json.dumps(params).encode())  # fmt: skip
+            if status != 200:
+                raise SetupError(f"set-up step {kind}: {out.decode(errors='replace')[:200]}")
+            if kind in ("execute", "command") and json.loads(out)["returncode"] != 0:
+                raise SetupError(f"set-up step {kind} exited {json.loads(out)['returncode']}")
+
+    def act(self, action: dict) -> None:
+        import pyautogui
+
+        pyautogui.FAILSAFE = False  # a click in a corner is an action, not an emergency
+        pyautogui.PAUSE = 0
+        kind, p = action["action_type"], action.get("parameters") or {}
+        w, h = self.display.size
+        if kind in ("CLICK", "DOUBLE_CLICK", "MOVE_TO"):
+            x, y = p["x"], p["y"]
+            if not (0 <= x < w and 0 <= y < h):
+                raise ValueError(f"{kind} at ({x}, {y}) lies outside the {w}x{h} screen")
+            if kind == "MOVE_TO":
+                pyautogui.moveTo(x, y)
+            else:
+                pyautogui.click(x, y, clicks=2 if kind == "DOUBLE_CLICK" else 1, interval=0.05)
+        elif kind == "TYPING":
+            pyautogui.write(p["text"], interval=0.01)
+        elif kind == "PRESS":
+            if p["key"].lower() not in KEYS:
+                raise ValueError(f"PRESS key {p['key']!r} is not one of {sorted(KEYS)}")
+            pyautogui.press(p["key"].lower())
+        elif kind == "HOTKEY":
+            keys = [k.lower() for k in p["keys"]]
+            if not keys or any(len(k) != 1 and k not in KEYS for k in keys):
+                raise ValueError(f"HOTKEY keys {p['keys']!r}: letters, digits or {sorted(KEYS)}")
+            pyautogui.hotkey(*keys)
+        elif kind == "SCROLL":
+            pyautogui.scroll(int(p["dy"]))
+        elif kind in ("DONE", "FAIL"):
+            pass
+        else:
+            raise ValueError(f"action_type {kind!r} is not supported by this desktop")
+
+    def settled(self):
+        """The screen once two looks 50 ms apart agree, or after SETTLE_S."""
+        deadline = time.monotonic() + SETTLE_S
+        last = self.display.grab()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.display.grab()
+            if now.tobytes() == last.tobytes():
+                return now
+            last = now
+        return last
+
+    def state_hash(self) -> str:
+        """sha256 over the home folder (names and contents): what the task's checks read."""
+        h = hashlib.sha256()
+        for path in sorted(p for p in HOME.rglob("*") if p.is_file()):
+            h.update(str(path.relative_to(HOME)).encode() + b"\0")
+            try:
+                h.update(hashlib.sha256(path.read_bytes()).digest())
+            except OSError:
+                h.update(b"?")
+        return h.hexdigest()
+
+    # operations (the host's channel)
+    def op_prepare(self, size):
+        self.display.start(*size)
+        return {"pid": os.getpid()}
+
+    def op_hello(self):
+        random.seed()
+        return {"pid": os.getpid(), "state_sha256": self.state_hash()}
+
+    def op_init(self, size, config, faults):
+        t0 = time.perf_counter()
+        self.display.start(*size)
+        self.op_arm(faults)
+        self.setup(config)
+        image = self.settled()
+        self.shown = (png(image), self.steps)
+        return {"state_sha256": self.state_hash(), "screenshot": self.shown[0],
+                "timings": {"restore_s": 0.0, "setup_s": time.perf_counter() - t0}}  # fmt: skip
+
+    def op_arm(self, faults):
+        self.faults = dict(faults or {})
+        if self.faults.get("corrupt_restore"):  # a restore that kept an earlier episode's file
+            (HOME / ".envab-leftover").write_text("left by an earlier episode\n")
+        return {"state_sha256": self.state_hash()}
+
+    def op_step(self, action):
+        try:
+            self.act(action)
+        except (ValueError, KeyError, TypeError) as e:
+            return {"rejected": str(e).splitlines()[0]}
+        self.steps += 1
+        if self.faults.get("kill_at_step") == self.steps:
+            os._exit(137)  # a sandbox's init ignores its own SIGKILL: die as abruptly
+        if self.faults.get("stall_at_step") == self.steps:
+            time.sleep(float(self.faults.get("stall_s", 3600)))
+        state = self.state_hash()
+        if self.faults.get("stale_at_step") == self.steps and self.shown is not None:
+            shot, frame = self.shown
+            return {"screenshot": shot, "frame": frame, "state_sha256": state}
+        image = self.settled()
+        if self.faults.get("blank_at_step") == self.steps:
+            from PIL import Image
+
+            image = Image.new("RGB", image.size)
+        self.shown = (png(image), self.steps)
+        return {"screenshot": self.shown[0], "frame": self.steps, "state_sha256": state}
+
+    def op_observe(self):
+        self.shown = (png(self.display.grab()), self.steps)
+        return {"screenshot": self.shown[0], "frame": self.steps,
+                "state_sha256": self.state_hash()}  # fmt: skip
+
+    def op_postconfig(self, config):
+        self.setup(config)
+        return {"state_sha256": self.state_hash()}
+
+    def op_state(self):
+        return {"state": {"steps": self.steps}, "state_sha256": self.state_hash()}
+
+    def op_http(self, method, path, content_type, body):
+        status, kind, out = self.routes.handle(method, path, content_type, body)
+        return {"status": status, "content_type": kind, "body": out}
+
+
+# --- transports --------------------------------------------------------------------------------
+
+
+def serve_stdio(env: Environment) -> None:
+    """The host's channel: length-prefixed pickles over fds 0 and 1 (both ends are env-ab's)."""
+    out = os.dup(1)
+    os.dup2(2, 1)  # a stray print must not land in the channel
+    sys.stdout = sys.stderr
+
+    def read(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            select.select([0], [], [])
+            chunk = os.read(0, n - len(buf))
+            if not chunk:
+                os._exit(0)  # the host closed us
+            buf += chunk
+        return buf
+
+    def send(message) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_HEADER.pack(len(data)) + data)
+        while view:
+            view = view[os.write(out, view) :]
+
+    send({"pid": os.getpid()})
+    while True:
+        (size,) = _HEADER.unpack(read(_HEADER.size))
+        op, *args = pickle.loads(read(size))
+        if op == "close":
+            os._exit(0)
+        try:
+            reply = getattr(env, f"op_{op}")(*args)
+        except Exception as e:  # the host turns it into a gate
+            reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        send(reply)
+
+
+def serve_http(env: Environment, port: int) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def _any(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status, kind, out = env.routes.handle(
+                self.command, self.path, self.headers.get("Content-Type", ""), body
+            )
+            self.send_response(status)
+            self.send_header("Content-Type", kind or "application/octet-stream")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_POST = _any
+
+        def log_message(self, *args):
+            pass
+
+    ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="env-ab's in-environment server (real X desktop)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stdio", action="store_true")
+    where.add_argument("--http", type=int, metavar="PORT")
+    p.add_argument("--size", help="start the display at WxH (HTTP mode)")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    env = Environment(Display())
+    if args.stdio:
+        serve_stdio(env)
+    else:
+        if args.size:
+            env.display.start(*(int(v) for v in args.size.split("x")))
+        serve_http(env, args.http)
+
+
+if __name__ == "__main__":
+    main()
