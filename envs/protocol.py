@@ -85,6 +85,8 @@ ACTION_PARAMETERS: dict[str, dict[str, type]] = {
     "TYPING": {"text": str},
     "PRESS": {"key": str},
     "SCROLL": {"dy": int},
+    "HOTKEY": {"keys": list},  # a key combination, e.g. ["ctrl", "s"] (the X desktop)
+    "WAIT": {},
     "DONE": {},
     "FAIL": {},
 }

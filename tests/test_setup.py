@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-REAL_TOOLS = ("bash", "dirname", "grep", "env", "cat", "mkdir", "chmod", "touch")
+REAL_TOOLS = ("bash", "dirname", "grep", "env", "cat", "mkdir", "chmod", "touch", "mktemp")
 
 
 def stub(folder: Path, name: str, body: str) -> None:
@@ -42,6 +42,8 @@ def machine(tmp_path):
         'package" >&2; exit 100; }\n',
     )
     stub(bin_dir, "dpkg-query", "exit 1\n")  # nothing installed yet
+    for tool in ("curl", "sha256sum", "dpkg"):  # runsc's download, its check and its install
+        stub(bin_dir, tool, f'echo "{tool} $*" >> {log}\n')
     stub(
         bin_dir,
         "python3",
@@ -70,8 +72,14 @@ def test_as_root_without_sudo_it_updates_then_installs(machine):
     result, calls = machine(uid=0)
     assert result.returncode == 0, result.stderr
     assert calls[0] == "apt-get update -qq"
-    assert calls[1] == "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap runsc"
-    assert calls[2:] == [
+    assert calls[1] == "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap curl"
+    # runsc (no runsc on the machine yet): downloaded from Debian's archive, checked, installed
+    assert calls[2].startswith("curl -fsSL -o ") and calls[2].endswith(
+        "debian/pool/main/g/golang-gvisor-gvisor/runsc_0.0~20240729.0-4+b7_amd64.deb"
+    )
+    assert calls[3] == "sha256sum -c --quiet -"
+    assert calls[4].startswith("dpkg -i ") and calls[4].endswith("_amd64.deb")
+    assert calls[5:] == [
         "python3 -m venv .venv",
         "pip install -q -e .[test]",
         "pip install -q --no-deps desktop-env==1.0.2",

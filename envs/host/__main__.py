@@ -12,7 +12,7 @@ import uvicorn
 
 from envab.envs.host.app import build_app
 from envab.envs.host.embedded import host_token
-from envab.envs.host.pool import MODES, SANDBOXES, HostConfig
+from envab.envs.host.pool import MODES, SANDBOXES, WORLDS, HostConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,6 +44,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(default; needs Debian's runsc, as root), or a plain process forked with os.fork",
     )
     p.add_argument("--sandbox-dir", help="checkpoint images and runsc state (default: a temp dir)")
+    p.add_argument(
+        "--world",
+        choices=WORLDS,
+        default="pillow",
+        help="the desktop: the Pillow desktop (default) or the real X desktop (gvisor only)",
+    )
+    p.add_argument("--rootfs", help="the X desktop's root (python -m envab.envs.xdesktop.image)")
     # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.
     p.add_argument("--desktop", default=HostConfig.desktop, help=argparse.SUPPRESS)
     p.add_argument("--checker", default=HostConfig.checker, help=argparse.SUPPRESS)
@@ -66,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         tasks=args.tasks,
         sandbox=args.sandbox,
         sandbox_dir=args.sandbox_dir,
+        world=args.world,
+        rootfs=args.rootfs,
     )
     app = build_app(config, host_token(args.token_file))
     if args.allow_faults:

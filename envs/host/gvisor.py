@@ -103,40 +103,42 @@ def _python_path() -> str:
     return os.pathsep.join(sorted({os.path.dirname(os.path.realpath(d)) for d in envab.__path__}))
 
 
-def _write_bundle(bundle: Path, argv: Sequence[str]) -> None:
-    """An OCI bundle: an empty read-only root with the binds, tmpfs where a desktop writes."""
-    rootfs = bundle / "rootfs"
-    binds, links = _root_mounts()
-    for name, target in links:
-        (rootfs / name).parent.mkdir(parents=True, exist_ok=True)
-        (rootfs / name).symlink_to(target)
-    for mount in binds:
-        (rootfs / mount["destination"].lstrip("/")).mkdir(parents=True, exist_ok=True)
-    for d in ("proc", "dev", "sys", "tmp", "root"):
-        (rootfs / d).mkdir(parents=True, exist_ok=True)
+def _write_bundle(bundle: Path, argv: Sequence[str], root: Path | None = None) -> None:
+    """An OCI bundle. Without `root`: an empty read-only root with read-only binds of what a
+    worker of this package needs. With `root`: that folder (a built image) as the read-only
+    root, nothing of the host's. Either way tmpfs where a desktop writes."""
+    env = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"]  # fmt: skip
+    binds: list[dict] = []
+    if root is None:
+        rootfs = bundle / "rootfs"
+        binds, links = _root_mounts()
+        for name, target in links:
+            (rootfs / name).parent.mkdir(parents=True, exist_ok=True)
+            (rootfs / name).symlink_to(target)
+        for mount in binds:
+            (rootfs / mount["destination"].lstrip("/")).mkdir(parents=True, exist_ok=True)
+        for d in ("proc", "sys", "tmp", "root", "run"):
+            (rootfs / d).mkdir(parents=True, exist_ok=True)
+        env.append(f"PYTHONPATH={_python_path()}")
+    else:
+        rootfs = Path(root).resolve()
+        for d in ("tmp", "root", "run"):
+            if not (rootfs / d).is_dir():
+                raise SandboxUnavailable(f"{rootfs} has no /{d}: not a built root file system")
     spec = {
         "ociVersion": "1.0.0",
-        "process": {
-            "args": list(argv),
-            "cwd": "/tmp",
-            "env": [
-                "PATH=/usr/bin:/bin",
-                "HOME=/root",
-                "LANG=C.UTF-8",
-                "PYTHONDONTWRITEBYTECODE=1",
-                "PYTHONUNBUFFERED=1",
-                f"PYTHONPATH={_python_path()}",
-            ],
-            "user": {"uid": 0, "gid": 0},
-        },
+        "process": {"args": list(argv), "cwd": "/tmp", "env": env, "user": {"uid": 0, "gid": 0}},
         "root": {"path": str(rootfs), "readonly": True},
         "hostname": "env",
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
-            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
-            {"destination": "/root", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"},
+            *(
+                {"destination": d, "type": "tmpfs", "source": "tmpfs"}
+                for d in ("/tmp", "/root", "/run")
+            ),
             *binds,
         ],
         "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
@@ -207,7 +209,13 @@ class Gvisor:
     """The host's sandboxes: one runsc state root, one bundle, checkpoint images, and a reaper
     that waits for stopped sandboxes and deletes their state."""
 
-    def __init__(self, workdir: str | Path | None, worker_argv: Sequence[str], timeout_s: float):
+    def __init__(
+        self,
+        workdir: str | Path | None,
+        worker_argv: Sequence[str],
+        timeout_s: float,
+        root: str | Path | None = None,
+    ):
         problem = gvisor_problem()
         if problem:
             raise SandboxUnavailable(f"the gVisor sandbox cannot run: {problem}")
@@ -218,7 +226,7 @@ class Gvisor:
         self.bundle = self.workdir / "bundle"
         for d in (self.root, self.images, self.bundle):
             d.mkdir(parents=True, exist_ok=True)
-        _write_bundle(self.bundle, worker_argv)
+        _write_bundle(self.bundle, worker_argv, None if root is None else Path(root))
         self.timeout_s = timeout_s
         self._templates: dict[object, str] = {}
         self._template_locks: dict[object, threading.Lock] = {}

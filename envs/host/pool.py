@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 MODES = ("restore", "fork")
 SANDBOXES = ("gvisor", "process")
+WORLDS = ("pillow", "xdesktop")  # the Pillow desktop, or the real X desktop (envs/xdesktop)
+XDESKTOP_SERVER = ["/usr/bin/python3", "/opt/envab/xdesktop/server.py", "--stdio"]
 # Not `-m envab.envs.host.worker`: the package imports the worker module before runpy would run it.
 _ZYGOTE = "import sys; from envab.envs.host.worker import main; main(sys.argv[1:])"
 
@@ -92,12 +94,18 @@ class HostConfig:
     tasks: str | None = None  # a tasks.jsonl this host serves by id (create {"task_id": ...})
     sandbox: str = "process"
     sandbox_dir: str | None = None  # images and runsc state (default: a temporary directory)
+    world: str = "pillow"
+    rootfs: str | None = None  # the X desktop's built root (python -m envab.envs.xdesktop.image)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.sandbox not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
+        if self.world not in WORLDS:
+            raise ValueError(f"world must be one of {WORLDS}, got {self.world!r}")
+        if self.world == "xdesktop" and (self.sandbox != "gvisor" or not self.rootfs):
+            raise ValueError("the X desktop runs in a gVisor sandbox on its built root (rootfs)")
         if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
@@ -177,8 +185,14 @@ class Pool:
 
     def __init__(self, config: HostConfig):
         self.config = config
-        self.check = load_object(config.checker)
-        self.screen_of = load_object(config.screen_of)
+        if config.world == "xdesktop":
+            from envab.envs.xdesktop import evaluate
+
+            self.check, self.screen_of = evaluate.check, evaluate.screen_of
+        else:
+            self.check = load_object(config.checker)
+            self.screen_of = load_object(config.screen_of)
+        self.reads_environment = bool(getattr(self.check, "reads_environment", False))
         self._envs: dict[str, Environment] = {}
         self._envs_lock = threading.Lock()
         self._zygote_lock = threading.Lock()
@@ -194,7 +208,12 @@ class Pool:
         if self.config.sandbox == "gvisor":
             argv = [sys.executable, "-c", _ZYGOTE, "--stdio", "--mode", self.config.mode,
                     "--desktop", self.config.desktop]  # fmt: skip
-            self.gvisor = Gvisor(self.config.sandbox_dir, argv, self.config.create_timeout_s)
+            root = None
+            if self.config.world == "xdesktop":
+                argv, root = XDESKTOP_SERVER, self.config.rootfs
+            self.gvisor = Gvisor(
+                self.config.sandbox_dir, argv, self.config.create_timeout_s, root=root
+            )
             self.gvisor.probe()  # a worker that cannot start in a sandbox stops the host here
             log.info("gVisor sandboxes under %s (mode %s)", self.gvisor.workdir, self.config.mode)
             return
@@ -476,8 +495,11 @@ class Pool:
             reply = self._call(env, ("state",), self.config.step_timeout_s, Gate.WORKER_ALIVE)
             if reply is None:
                 return self._verification(env.failed_gates, audit)
-        audit["state_sha256"] = reply["state_sha256"]
-        verification = checked(self.check, env.task["evaluator"], reply["state"], audit)
+            audit["state_sha256"] = reply["state_sha256"]
+            # A checker that reads the environment itself (OSWorld's getters) gets access to
+            # it, under the environment's lock, instead of a snapshot of its state.
+            state = _Access(self, env) if self.reads_environment else reply["state"]
+            verification = checked(self.check, env.task["evaluator"], state, audit)
         if not verification.valid:
             audit["flags"].append(f"checker_{audit.pop('checker_failure')}")
             return self._verification(verification.failed_gates, audit)
@@ -606,3 +628,26 @@ class Pool:
     def _verification(gates, audit: dict) -> dict:
         audit["trusted"] = False
         return Verification.invalid([str(g) for g in gates], **audit).to_dict()
+
+
+class _Access:
+    """An environment's in-environment server, for a checker that reads it (one evaluation,
+    under the environment's lock): raw requests, and the evaluator's post-config steps."""
+
+    def __init__(self, pool: Pool, env: Environment):
+        self.pool, self.env = pool, env
+
+    def _ask(self, message, timeout: float) -> dict:
+        if self.env.channel is None:
+            raise ChannelClosed("the environment is gone")
+        reply = self.env.channel.call(message, timeout=timeout)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def http(self, method: str, path: str, content_type: str, body: bytes) -> dict:
+        request = ("http", method, path, content_type, body)
+        return self._ask(request, self.pool.config.step_timeout_s)
+
+    def postconfig(self, steps: list) -> None:
+        self._ask(("postconfig", steps), self.pool.config.create_timeout_s)

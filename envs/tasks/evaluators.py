@@ -35,6 +35,7 @@ class Registry:
     version: str
     metrics: frozenset[str]
     getters: frozenset[str]  # getter types, without the get_ prefix
+    modules: Mapping[tuple[str, str], str]  # ("metrics" | "getters", function) -> its module
 
     def missing(self, task: Mapping) -> list[str]:
         """What `task`'s evaluator names that nothing here provides, as readable items."""
@@ -55,12 +56,13 @@ class Registry:
         return gaps
 
 
-def _exported(source: str) -> set[str]:
-    """The names a package's __init__ imports from its modules (`from .x import a, b as c`)."""
-    names = set()
+def _exported(source: str) -> dict[str, str]:
+    """The names a package's __init__ imports from its modules (`from .x import a, b as c`),
+    each with the module it comes from."""
+    names = {}
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names.update(alias.asname or alias.name for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            names.update({alias.asname or alias.name: node.module for alias in node.names})
     return names
 
 
@@ -77,8 +79,14 @@ def registry() -> Registry:
     read = lambda package: dist.locate_file(  # noqa: E731
         f"desktop_env/evaluators/{package}/__init__.py"
     ).read_text()
-    getters = {n.removeprefix("get_") for n in _exported(read("getters")) if n.startswith("get_")}
-    return Registry(dist.version, frozenset(_exported(read("metrics"))), frozenset(getters))
+    metrics, getters = _exported(read("metrics")), _exported(read("getters"))
+    return Registry(
+        dist.version,
+        frozenset(metrics),
+        frozenset(n.removeprefix("get_") for n in getters if n.startswith("get_")),
+        {**{("metrics", n): m for n, m in metrics.items()},
+         **{("getters", n): m for n, m in getters.items()}},
+    )  # fmt: skip
 
 
 def missing_evaluators(task: Mapping) -> list[str]:

@@ -45,6 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 DISPLAY = ":0"
 HOME = Path(os.environ.get("HOME", "/root"))
 SETTLE_S = 1.0  # the longest a step waits for the screen to stop changing
+WINDOW_WAIT_S = 20.0  # the longest a set-up step waits for a window to appear
 _HEADER = struct.Struct("!I")
 
 
@@ -71,6 +72,7 @@ class Display:
                     "-noreset", "-nocursor"])  # fmt: skip
         wait_for(lambda: Path("/tmp/.X11-unix/X0").exists(), 20, "the X server")
         wait_for(lambda: run(["xdpyinfo"], timeout=5).returncode == 0, 20, "the X server")
+        (HOME / ".Xauthority").touch()  # Xlib (pyautogui) reads it; Xvfb here asks no cookie
         self.spawn(["openbox"])
         wait_for(lambda: _wm_running(), 20, "the window manager")
         self.size = (width, height)
@@ -204,14 +206,17 @@ class Routes:
         if not path.exists():
             raise FileNotFoundError(f"no file {path}")
         self.display.spawn(["xdg-open", str(path)], cwd=HOME)
-        wait_for(lambda: _window(path.name), 30, f"a window for {path.name}")
+        wait_for(lambda: _window(path.name), WINDOW_WAIT_S, f"a window for {path.name}")
         return 200, "text/plain", "opened"
 
     def r_setup_activate_window(self, method, data):
-        found = _window(data["window_name"], by_class=bool(data.get("by_class")))
-        if not found:
-            raise ValueError(f"no window {data['window_name']!r}")
-        run(["xdotool", "windowactivate", "--sync", found[0]], timeout=10)
+        # A window a set-up step just launched may take seconds to map: wait for it.
+        name, by_class = data["window_name"], bool(data.get("by_class"))
+        try:
+            wait_for(lambda: _window(name, by_class), WINDOW_WAIT_S, f"window {name!r}")
+        except SetupError:
+            raise ValueError(f"no window {name!r} within {WINDOW_WAIT_S} s") from None
+        run(["xdotool", "windowactivate", "--sync", _window(name, by_class)[0]], timeout=10)
         return 200, "text/plain", "activated"
 
     def r_setup_close_window(self, method, data):
@@ -340,6 +345,8 @@ class Environment:
             pyautogui.hotkey(*keys)
         elif kind == "SCROLL":
             pyautogui.scroll(int(p["dy"]))
+        elif kind == "WAIT":
+            time.sleep(min(float(p.get("seconds", 1)), 5.0))
         elif kind in ("DONE", "FAIL"):
             pass
         else:

@@ -1,0 +1,112 @@
+"""The real X desktop's tasks, each played with its oracle (must score 1), a no-op and its near
+misses (must score 0), scored by the task's own evaluator (desktop-env's getters and metrics),
+on the fork host's gVisor sandboxes.
+
+    python bench/real_tasks.py [--tasks envs/xdesktop/tasks] [--cache build/xdesktop]
+                               [--screens DIR] [--out FILE.json]
+
+Builds the X desktop's root file system first if it is not cached (minutes). Prints one row per
+(task, play): the score, the verdict, and the time of create (restore + set-up), of the actions
+and of the verification. `--screens` keeps each play's last screenshot as a PNG. Exits 1 when
+any oracle scores other than 1 or any no-op or near miss other than 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+
+from envab.envs.host.pool import HostConfig, Pool
+from envab.envs.xdesktop.image import ensure_desktop
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = REPO / "envs" / "xdesktop" / "tasks"
+
+
+def load_tasks(folder: Path) -> tuple[list[dict], dict[str, dict]]:
+    tasks = [json.loads(p.read_text()) for p in sorted((folder / "examples").rglob("*.json"))]
+    solutions = [json.loads(line) for line in (folder / "solutions.jsonl").read_text().splitlines()]
+    return tasks, {s["id"]: s for s in solutions}
+
+
+def plays(solution: dict) -> list[tuple[str, list[dict], float]]:
+    """(name, actions, the score they must get)."""
+    out = [("oracle", solution["oracle"], 1.0), ("no-op", [], 0.0)]
+    out += [(f"near miss {i + 1}", a, 0.0) for i, a in enumerate(solution["near_misses"])]
+    return out
+
+
+def play(pool: Pool, task: dict, actions: list[dict], screens: Path | None, name: str) -> dict:
+    t0 = time.perf_counter()
+    env = pool.create(task)
+    t1 = time.perf_counter()
+    last = env
+    for action in actions:
+        last = pool.step(env["env_id"], action, last["generation"])
+        if not last["valid"]:
+            break
+    t2 = time.perf_counter()
+    verdict = pool.verify(env["env_id"])
+    t3 = time.perf_counter()
+    if screens is not None and last.get("screenshot_png"):
+        screens.mkdir(parents=True, exist_ok=True)
+        shot = screens / f"{task['id']}-{name.replace(' ', '_')}.png"
+        shot.write_bytes(base64.b64decode(last["screenshot_png"]))
+    pool.close(env["env_id"])
+    return {
+        "score": verdict["score"],
+        "verdict": verdict["verdict"],
+        "create_s": t1 - t0,
+        "actions_s": t2 - t1,
+        "verify_s": t3 - t2,
+        "first_screen_sha256": env.get("state_sha256"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=Path, default=TASKS)
+    p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
+    p.add_argument("--screens", type=Path)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
+    tasks, solutions = load_tasks(args.tasks)
+    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", world="xdesktop",
+                           rootfs=str(built.rootfs), step_timeout_s=30))  # fmt: skip
+    t0 = time.perf_counter()
+    pool.start()
+    rows, wrong = [], 0
+    try:
+        for task in tasks:
+            for name, actions, must in plays(solutions[task["id"]]):
+                r = play(pool, task, actions, args.screens, name)
+                wrong += r["score"] != must
+                rows.append({"task": task["id"], "play": name, "must": must, **r})
+                print(f"{task['id']} {name}: {r['score']} ({r['verdict']})", file=sys.stderr)
+    finally:
+        pool.stop()
+    total = time.perf_counter() - t0
+    lines = [
+        f"X desktop {built.digest[:16]}, gVisor fork host; {len(rows)} plays in {total:.0f} s",
+        "",
+        "| task | play | score (must) | verdict | create s | actions s | verify s |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['play']} | {r['score']} ({r['must']:g}) | {r['verdict']} "
+            f"| {r['create_s']:.2f} | {r['actions_s']:.2f} | {r['verify_s']:.2f} |"
+        )
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text(json.dumps({"image": built.digest, "rows": rows}, indent=2))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

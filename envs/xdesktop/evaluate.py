@@ -1,0 +1,187 @@
+"""Score an OSWorld task on the X desktop the way OSWorld does, with OSWorld's own code.
+
+OSWorld's `DesktopEnv.evaluate` runs the evaluator's `postconfig` set-up steps, then its result
+(and expected) getter — `get_<type>(env, config)` from `desktop_env.evaluators.getters`, which
+fetch state from the in-environment server through `env.controller` (desktop-env's
+`PythonController`) or straight over HTTP — and hands them to the metric named by `func` from
+`desktop_env.evaluators.metrics`. This does the same: the getters and metrics are desktop-env's
+functions, unchanged, and the controller is desktop-env's, talking to a loopback relay (`Relay`)
+that carries each request over the environment's channel to its in-environment server (a gVisor
+sandbox has no network to reach it on).
+
+desktop-env's packages import every metric's and getter's dependencies in their `__init__`
+(OCR, browser automation, cloud drives); a function is loaded from its own module instead, with
+the parent packages registered bare (`load`), so only that module's dependencies are needed.
+The getters this desktop can serve are `SERVED_GETTERS`; anything else is `Unavailable`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+import tempfile
+import threading
+import types
+from collections.abc import Callable, Mapping
+from functools import cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from envab.envs.tasks.evaluators import INFEASIBLE, registry
+
+# getter type -> what it reads from the environment (the routes of envs/xdesktop/server.py)
+SERVED_GETTERS = {
+    "vm_file": "/file",
+    "rule": None,  # the expected value written in the task
+    "rules": None,
+    "vm_command_line": "/execute",
+    "vm_command_error": "/execute",
+    "list_directory": "/list_directory",
+    "vm_screen_size": "/screen_size",
+}
+DEFAULT_SCREEN = (1024, 768)
+
+Http = Callable[[str, str, str, bytes], Mapping]  # (method, path, content type, body) -> reply
+
+
+class Unavailable(RuntimeError):
+    """The evaluator names a getter this desktop does not serve or a metric that cannot load."""
+
+
+def screen_of(config: list) -> tuple[int, int]:
+    """The X desktop's screen: a task's `screen` step, or DEFAULT_SCREEN (OSWorld's tasks name
+    none; their machine has a fixed one)."""
+    for step in config:
+        if step.get("type") == "screen":
+            p = step.get("parameters") or {}
+            return int(p["width"]), int(p["height"])
+    return DEFAULT_SCREEN
+
+
+@cache
+def _root() -> Path:
+    spec = importlib.util.find_spec("desktop_env")
+    return Path(spec.submodule_search_locations[0])
+
+
+def load(kind: str, name: str):
+    """desktop-env's metric (`kind` "metrics") or getter ("getters") `name`, from its module."""
+    reg = registry()
+    module = reg.modules.get((kind, name))
+    if module is None:
+        raise Unavailable(f"desktop-env {reg.version} has no {kind[:-1]} {name!r}")
+    for package in ("desktop_env", "desktop_env.controllers", "desktop_env.evaluators",
+                    f"desktop_env.evaluators.{kind}"):  # fmt: skip
+        if package not in sys.modules:  # bare: its __init__ would import everything
+            where = str(_root().joinpath(*package.split(".")[1:]))
+            bare = types.ModuleType(package)
+            bare.__path__ = [where]
+            bare.__spec__ = importlib.machinery.ModuleSpec(package, None, is_package=True)
+            bare.__spec__.submodule_search_locations = [where]
+            sys.modules[package] = bare
+    try:
+        return getattr(importlib.import_module(f"desktop_env.evaluators.{kind}.{module}"), name)
+    except ImportError as e:
+        raise Unavailable(f"{kind[:-1]} {name!r} ({module}.py) cannot load here: {e}") from None
+
+
+def controller_class():
+    load("getters", "get_rule")  # registers the bare packages
+    return importlib.import_module("desktop_env.controllers.python").PythonController
+
+
+class Relay:
+    """A loopback HTTP server for one evaluation: each request goes to the environment's
+    in-environment server through `http` (the host's channel)."""
+
+    def __init__(self, http: Http):
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                reply = http(self.command, self.path, self.headers.get("Content-Type", ""), body)
+                out = reply["body"]
+                self.send_response(reply["status"])
+                self.send_header("Content-Type", reply["content_type"] or "text/plain")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                relay.requests.append(f"{self.command} {self.path} {reply['status']}")
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *args):
+                pass
+
+        self.requests: list[str] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Relay:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _getter(config: Mapping):
+    kind = config.get("type")
+    if kind not in SERVED_GETTERS:
+        raise Unavailable(f"getter {kind!r} reads what this desktop does not serve")
+    return load("getters", f"get_{kind}")
+
+
+def evaluate(evaluator: Mapping, http: Http, postconfig: Callable[[list], None]) -> float:
+    """The task's score, as OSWorld's DesktopEnv.evaluate computes it (one metric or a list
+    joined by `conj`)."""
+    if evaluator.get("postconfig"):
+        postconfig(list(evaluator["postconfig"]))
+    funcs = evaluator["func"]
+    if funcs == INFEASIBLE:
+        raise Unavailable("an infeasible task is scored from the agent's last action")
+    many = isinstance(funcs, list)
+    funcs = funcs if many else [funcs]
+    results = evaluator["result"] if many else [evaluator["result"]]
+    expected = evaluator.get("expected")
+    expected = (expected if many else [expected]) if expected is not None else [None] * len(funcs)
+    options = evaluator.get("options", [{}] * len(funcs) if many else {})
+    options = options if many else [options]
+    with Relay(http) as relay, tempfile.TemporaryDirectory(prefix="envab-eval-") as cache:
+        env = types.SimpleNamespace(
+            controller=controller_class()(vm_ip="127.0.0.1", server_port=relay.port),
+            vm_ip="127.0.0.1",
+            server_port=relay.port,
+            chromium_port=None,
+            vlc_port=None,
+            cache_dir=cache,
+            http_server=f"http://127.0.0.1:{relay.port}",
+        )
+        scores = []
+        for func, result, exp, opts in zip(funcs, results, expected, options, strict=True):
+            metric = load("metrics", func)
+            got = _getter(result)(env, result)
+            if exp is None:
+                score = metric(got, **(opts or {}))
+            else:
+                score = metric(got, _getter(exp)(env, exp), **(opts or {}))
+            scores.append(float(score))
+            if evaluator.get("conj", "and") == "and" and not score:
+                return 0.0
+    if evaluator.get("conj", "and") == "or":
+        return max(scores)
+    return sum(scores) / len(scores)
+
+
+def check(evaluator: Mapping, state) -> float:
+    """The host's checker for the X desktop: `state` is the environment's access (`http`,
+    `postconfig`), not a snapshot of its state."""
+    return evaluate(evaluator, state.http, state.postconfig)
+
+
+check.reads_environment = True  # the host passes the environment itself (envs/host/pool.py)
