@@ -3,7 +3,7 @@
     python -m envab.envs.xdesktop.image [--cache build/xdesktop]
 
 debootstrap (Debian bookworm, minbase) with an X server (Xvfb), a window manager (openbox), real
-applications (LXTerminal, the Mousepad text editor), the tools the in-environment server drives them
+applications (the Mousepad text editor), the tools the in-environment server drives them
 with (xdotool, x11-utils), the host's exact Pillow and pyautogui (wheels, pinned), and the
 in-environment server (`envs/xdesktop/server.py`) at /opt/envab/xdesktop/server.py. The folder is
 the root of every gVisor sandbox of the X desktop, mounted read-only (each sandbox writes to its
@@ -51,8 +51,6 @@ PACKAGES = (
     "x11-utils",  # xdpyinfo, xprop: the server waits on them
     "xdotool",
     "openbox",
-    "lxterminal",  # the terminal (GTK); under gVisor xterm cannot open its pty (EIO) and st
-    # sometimes never maps its window
     "mousepad",
     "xdg-utils",
     "libfile-mimeinfo-perl",  # xdg-open types a file by its name (mimetype), as desktops do:
