@@ -20,7 +20,7 @@ from envab.split import split_tasks
 
 FIXTURE = Path(__file__).parent / "fixtures" / "osworld"
 INDEX = FIXTURE / "test_all.json"
-EXP = "embedded-default-v6"
+EXP = "embedded-default-v7"
 
 
 def files(root: Path) -> dict[str, Path]:
