@@ -36,7 +36,7 @@ def load_tasks(folder: Path) -> tuple[list[dict], dict[str, dict]]:
 def plays(solution: dict) -> list[tuple[str, list[dict], float]]:
     """(name, actions, the score they must get)."""
     out = [("oracle", solution["oracle"], 1.0), ("no-op", [], 0.0)]
-    out += [(f"near miss {i + 1}", a, 0.0) for i, a in enumerate(solution["near_misses"])]
+    out += [(f"near miss: {m['name']}", m["actions"], 0.0) for m in solution["near_misses"]]
     return out
 
 
@@ -54,7 +54,9 @@ def play(pool: Pool, task: dict, actions: list[dict], screens: Path | None, name
     t3 = time.perf_counter()
     if screens is not None and last.get("screenshot_png"):
         screens.mkdir(parents=True, exist_ok=True)
-        shot = screens / f"{task['id']}-{name.replace(' ', '_')}.png"
+        shot = (
+            screens / f"{task['id']}-{name.replace(' ', '_').replace(':', '').replace(',', '')}.png"
+        )
         shot.write_bytes(base64.b64decode(last["screenshot_png"]))
     pool.close(env["env_id"])
     return {

@@ -46,17 +46,24 @@ def open_arm(
         return
     if allow_faults and arm["url"] != EMBEDDED:
         raise ArmError("fault injection needs the embedded host (url: embedded)")
-    if "sandbox" in arm and arm["url"] != EMBEDDED:
-        raise ArmError("sandbox is the embedded host's setting (url: embedded); a Drums host "
-                       "chooses its own")  # fmt: skip
+    for key in ("sandbox", "world", "rootfs"):
+        if key in arm and arm["url"] != EMBEDDED:
+            raise ArmError(f"{key} is the embedded host's setting (url: embedded); a Drums host "
+                           "chooses its own")  # fmt: skip
     sandbox = arm.get("sandbox", "gvisor")
     if arm["url"] == EMBEDDED and sandbox == "gvisor" and gvisor_problem():
         raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
+    host_args = []
+    if arm.get("world", "pillow") == "xdesktop":
+        if sandbox != "gvisor":
+            raise ArmError("world xdesktop runs in gVisor sandboxes (sandbox: gvisor)")
+        host_args = ["--world", "xdesktop", "--rootfs", _xdesktop_root(arm.get("rootfs"))]
     try:  # no token, an unreachable host, a refused token: one line, before any work is done
         with connect(
             arm["url"],
             mode=arm.get("mode"),
             sandbox=sandbox,
+            host_args=host_args,
             token_file=arm.get("token_file"),
             log_path=log_path,
             allow_faults=allow_faults,
@@ -65,3 +72,12 @@ def open_arm(
             yield backend
     except DrumsError as e:
         raise ArmError(str(e)) from None
+
+
+def _xdesktop_root(rootfs: str | None) -> str:
+    """The X desktop's root: the arm's, or the project's build (made on first use, minutes)."""
+    if rootfs is not None:
+        return rootfs
+    from envab.envs.xdesktop.image import ensure_desktop  # only an X desktop arm needs it
+
+    return str(ensure_desktop(log=lambda m: print(f"[xdesktop] {m}", flush=True)).rootfs)

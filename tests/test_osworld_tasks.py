@@ -76,6 +76,23 @@ def test_the_cli_gives_the_same_bytes_every_time_and_copies_every_file_unchanged
         assert copy.read_bytes() == originals[name].read_bytes()
 
 
+def test_a_folder_frozen_without_copies_still_gives_one_line_a_task(tmp_path):
+    """Without --sources a folder's tasks are still written one JSON object a line (not the
+    files' own pretty-printed bytes, which a tasks.jsonl reader cannot read)."""
+    out = tmp_path / "tasks.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(FIXTURE),
+         "--index", str(INDEX), "--tasks", str(out), "--report", str(tmp_path / "index.json")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == 11
+    assert [original(json.loads(line)) for line in lines] == [
+        original(t.task) for t in load_dir(FIXTURE, INDEX).tasks
+    ]
+
+
 def test_the_split_stratifies_by_domain_deterministically():
     tasks = [t.task for t in load_dir(FIXTURE, INDEX).tasks]
     a = split_tasks(tasks, seed=0, heldout_fraction=0.25, stratify="domain")

@@ -1,9 +1,9 @@
 """The real X desktop (Xvfb, openbox, Mousepad, the st terminal) on the fork host's gVisor
 sandboxes, against real runsc and the image the project builds (debootstrap; built once, cached
-under build/xdesktop and shared by every test): one real task played by its oracle, a no-op and a
-near miss, each scored by the task's own evaluator through desktop-env's getters and metrics; a
-fork of a running desktop; an evaluator this desktop cannot serve. The whole task set runs in
-`python bench/real_tasks.py`."""
+under build/xdesktop and shared by every test): one real task validated through the drums arm
+(its oracle scores 1, its no-op and near misses 0, each scored by the task's own evaluator through
+desktop-env's getters and metrics); a fork of a running desktop; an evaluator this desktop cannot
+serve. The whole task set runs in `python bench/real_tasks.py`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import base64
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,30 +68,44 @@ def screen(body: dict) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(body["screenshot_png"])))
 
 
-def test_the_oracle_scores_1_and_a_noop_and_a_near_miss_score_0(pool, tasks):
-    task, solution = tasks[0][TASK_ID], tasks[1][TASK_ID]
-    scores = {}
-    for name, actions in [("oracle", solution["oracle"]), ("no-op", []),
-                          ("near miss", solution["near_misses"][1])]:  # fmt: skip
-        env = pool.create(task)
-        assert env["valid"], env
-        first = screen(env)
-        assert first.size == (1024, 768) and len(first.getcolors(2**16)) > 10  # a real screen
-        end = play(pool, env, actions)
-        verdict = pool.verify(env["env_id"])
-        assert verdict["valid"] and verdict["audit"]["sandbox"]["runtime"] == "gvisor", verdict
-        scores[name] = verdict["score"]
-        if actions:  # each action moved the environment on, with its own frame
-            assert end["generation"] == len(actions)
-        pool.close(env["env_id"])
-    assert scores == {"oracle": 1.0, "no-op": 0.0, "near miss": 0.0}
+def test_through_the_arm_the_oracle_scores_1_and_the_noop_and_near_misses_0(tmp_path, pool):
+    """The whole path a run takes: the drums arm (`world: xdesktop`) starts the embedded host on
+    the built image, the Drums client creates, steps (HOTKEY included) and verifies over HTTP,
+    and the task validator plays the no-op, the oracle and each near miss in fresh sandboxes."""
+    frozen = [t.task for t in load_dir(TASKS).tasks if t.task["id"] == TASK_ID]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in frozen))
+    solutions = (TASKS / "solutions.jsonl").read_text().splitlines()
+    (tmp_path / "solutions.jsonl").write_text(
+        "".join(line + "\n" for line in solutions if json.loads(line)["id"] == TASK_ID)
+    )
+    arm = {"backend": "drums", "url": "embedded", "mode": "fork", "world": "xdesktop",
+           "rootfs": pool.config.rootfs}  # fmt: skip
+    validate = [sys.executable, "-m", "envab.envs.tasks.validate"]
+    done = subprocess.run(
+        [*validate, "--tasks", str(tmp_path / "tasks.jsonl"),
+         "--solutions", str(tmp_path / "solutions.jsonl"), "--arm", json.dumps(arm),
+         "--report", str(tmp_path / "report.json")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (result,) = json.loads((tmp_path / "report.json").read_text())["tasks"]
+    scores = {p["name"]: (p["score"], p["valid"]) for p in result["plays"]}
+    assert scores == {
+        "noop": (0.0, True),
+        "oracle": (1.0, True),
+        "typed, not saved": (0.0, True),
+        "buy silk, saved": (0.0, True),
+    }
 
 
 def test_a_fork_of_a_running_desktop_starts_in_its_state_then_each_copy_goes_its_way(pool, tasks):
     task = tasks[0][TASK_ID]
     typing = lambda text: {"action_type": "TYPING", "parameters": {"text": text}}  # noqa: E731
     save = {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}}
-    parent = play(pool, pool.create(task), [typing("buy ")])
+    created = pool.create(task)
+    first = screen(created)  # the editor on a real display, from the sandbox
+    assert first.size == (1024, 768) and len(first.getcolors(2**16)) > 10
+    parent = play(pool, created, [typing("buy ")])
     forked = pool.fork(parent["env_id"], 2)["children"]
     assert [c["state_sha256"] for c in forked] == [parent["state_sha256"]] * 2
     assert all(c["valid"] and c["generation"] == 1 for c in forked)

@@ -18,13 +18,15 @@ def connect(
     *,
     mode: str | None = None,
     sandbox: str = "gvisor",
+    host_args: list[str] | tuple[str, ...] = (),
     token_file: str | Path | None = None,
     log_path: str | Path | None = None,
     allow_faults: bool = False,
     **client,
 ) -> Iterator[DrumsBackend]:
     """A DrumsBackend for `url`; for "embedded", start the host in `mode` for the block's length,
-    each environment in a `sandbox` ("gvisor" or "process").
+    each environment in a `sandbox` ("gvisor" or "process"), with any other host flags in
+    `host_args` (the X desktop's `--world xdesktop --rootfs DIR`).
 
     An embedded host without a token file gets a fresh random token for its lifetime; with
     `allow_faults` its fault-injection switches are on (tests, reliability runs). For a real host
@@ -47,6 +49,7 @@ def connect(
                     log_path=log_path,
                     allow_faults=allow_faults,
                     sandbox=sandbox,
+                    extra_args=list(host_args),
                 )
             )
         elif allow_faults:

@@ -53,6 +53,7 @@ class SourcedTask:
 class Frozen:
     tasks: list[SourcedTask]
     duplicates: list[dict] = field(default_factory=list)
+    from_dir: bool = False  # an OSWorld folder (one file a task), not a tasks.jsonl
 
     def report(self) -> dict:
         by_domain: dict[str, int] = {}
@@ -182,7 +183,7 @@ def load_dir(root: str | Path, index: str | Path | None = None) -> Frozen:
         for tid, domains in sorted(named_by.items())
         if len(domains) > 1
     ]
-    return Frozen(sorted(by_id.values(), key=lambda t: t.task["id"]), duplicates)
+    return Frozen(sorted(by_id.values(), key=lambda t: t.task["id"]), duplicates, from_dir=True)
 
 
 def _index(index: Path | None, examples: Path) -> list[tuple[str, str]]:
@@ -221,13 +222,14 @@ def load_jsonl(path: str | Path) -> Frozen:
 
 
 def write(frozen: Frozen, tasks_out: Path, sources_out: Path | None, report_out: Path) -> None:
-    if sources_out is not None:
-        if sources_out.exists():
-            shutil.rmtree(sources_out)
-        for t in frozen.tasks:
-            copy = sources_out / "examples" / t.task["domain"] / f"{t.task['id']}.json"
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_bytes(t.raw)
+    if frozen.from_dir:  # one line a task; the files' own bytes go to `sources_out`, if given
+        if sources_out is not None:
+            if sources_out.exists():
+                shutil.rmtree(sources_out)
+            for t in frozen.tasks:
+                copy = sources_out / "examples" / t.task["domain"] / f"{t.task['id']}.json"
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copy.write_bytes(t.raw)
         write_jsonl(tasks_out, [t.task for t in frozen.tasks])
     else:  # a tasks.jsonl is kept line for line
         atomic_write_bytes(tasks_out, b"".join(t.raw.rstrip(b"\r\n") + b"\n" for t in frozen.tasks))
