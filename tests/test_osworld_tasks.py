@@ -18,6 +18,7 @@ import pytest
 from envab.envs.tasks.osworld import TaskSourceError, load_dir, load_jsonl, original
 from envab.split import split_tasks
 
+REPO = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "osworld"
 INDEX = FIXTURE / "test_all.json"
 EXP = "embedded-default-v7"
@@ -91,6 +92,27 @@ def test_a_folder_frozen_without_copies_still_gives_one_line_a_task(tmp_path):
     assert [original(json.loads(line)) for line in lines] == [
         original(t.task) for t in load_dir(FIXTURE, INDEX).tasks
     ]
+
+
+def test_a_task_the_x_desktop_cannot_run_or_score_is_refused_at_freeze(tmp_path):
+    """--runnable xdesktop: a metric whose module cannot load here (compare_docx_files needs
+    OCR), a getter that needs the network (cloud_file) or a route this desktop lacks is named
+    at freeze with its file, and nothing is written; the project's own X desktop tasks pass."""
+    out = tmp_path / "tasks.jsonl"
+    cli = [sys.executable, "-m", "envab.envs.tasks.osworld", "--runnable", "xdesktop",
+           "--tasks", str(out), "--report", str(tmp_path / "index.json")]  # fmt: skip
+    result = subprocess.run([*cli, "--dir", str(FIXTURE), "--index", str(INDEX)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and not out.exists()
+    errors = result.stderr.splitlines()
+    assert any("compare_docx_files" in e and "cannot load here" in e for e in errors), errors
+    assert any("expected getter 'cloud_file'" in e for e in errors), errors
+    assert all(e.startswith("error: ") for e in errors)
+    assert "cannot run on the X desktop; nothing written" in errors[-1]
+    ours = REPO / "envs" / "xdesktop" / "tasks"
+    result = subprocess.run([*cli, "--dir", str(ours)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert len(out.read_text().splitlines()) == 3
 
 
 def test_the_split_stratifies_by_domain_deterministically():

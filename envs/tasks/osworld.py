@@ -254,12 +254,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=Path, required=True, help="the frozen tasks.jsonl to write")
     p.add_argument("--sources", type=Path, help="with --dir: where the task files are copied")
     p.add_argument("--report", type=Path, required=True)
+    p.add_argument(
+        "--runnable",
+        choices=["xdesktop"],
+        help="refuse a task this environment cannot set up or score (the real X desktop)",
+    )
     args = p.parse_args(argv)
     try:
         frozen = load_dir(args.dir, args.index) if args.dir else load_jsonl(args.jsonl)
     except (TaskSourceError, EvaluatorsMissing, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.runnable == "xdesktop":
+        from envab.envs.xdesktop.evaluate import unavailable  # the X desktop's routes, getters
+
+        refused = [(t, gaps) for t in frozen.tasks if (gaps := unavailable(t.task))]
+        for t, gaps in refused:
+            print(f"error: {t.origin}: task {t.task['id']}: {'; '.join(gaps)}", file=sys.stderr)
+        if refused:
+            print(f"error: {len(refused)} of {len(frozen.tasks)} tasks cannot run on the X "
+                  "desktop; nothing written", file=sys.stderr)  # fmt: skip
+            return 2
     write(frozen, args.tasks, args.sources if args.dir else None, args.report)
     report = frozen.report()
     dup = (

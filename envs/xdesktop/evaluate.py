@@ -137,6 +137,36 @@ def _getter(config: Mapping):
     return load("getters", f"get_{kind}")
 
 
+def unavailable(task: Mapping) -> list[str]:
+    """What in `task` this desktop cannot run or score (a set-up step it has no route for, a
+    getter it does not serve, a metric whose module cannot load here), one item each: the
+    freeze refuses such a task (`python -m envab.envs.tasks.osworld --runnable xdesktop`)."""
+    from envab.envs.xdesktop.server import SETUP_STEPS
+
+    ev = task.get("evaluator") or {}
+    gaps = []
+    for where, steps in (("config", task.get("config")), ("postconfig", ev.get("postconfig"))):
+        for step in steps or []:
+            if step.get("type") not in (*SETUP_STEPS, "screen"):
+                gaps.append(f"{where} step {step.get('type')!r} has no route on this desktop")
+    funcs = ev.get("func")
+    for func in funcs if isinstance(funcs, list) else [funcs]:
+        if func == INFEASIBLE:
+            gaps.append("an infeasible task is scored from the agent's last action, not here yet")
+            continue
+        try:
+            load("metrics", func)
+        except Unavailable as e:
+            gaps.append(str(e))
+    for key in ("result", "expected"):
+        value = ev.get(key)
+        for getter in value if isinstance(value, list) else [value]:
+            if isinstance(getter, Mapping) and getter.get("type") not in SERVED_GETTERS:
+                gaps.append(f"{key} getter {getter.get('type')!r} reads what this desktop does "
+                            "not serve")  # fmt: skip
+    return gaps
+
+
 def evaluate(evaluator: Mapping, http: Http, postconfig: Callable[[list], None]) -> float:
     """The task's score, as OSWorld's DesktopEnv.evaluate computes it (one metric or a list
     joined by `conj`)."""
