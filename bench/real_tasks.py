@@ -7,8 +7,11 @@ on the fork host's gVisor sandboxes.
 
 Builds the X desktop's root file system first if it is not cached (minutes). Prints one row per
 (task, play): the score, the verdict, and the time of create (restore + set-up), of the actions
-and of the verification. `--screens` keeps each play's last screenshot as a PNG. Exits 1 when
-any oracle scores other than 1 or any no-op or near miss other than 0.
+and of the verification; then a fork of each task's set-up desktop (its editor open) into
+`--fork` children: the time per child, a step and a screenshot on a child, and the memory of each
+sandbox (proportional set size, from the verdict's audit). `--screens` keeps each play's last
+screenshot as a PNG. Exits 1 when any oracle scores other than 1 or any no-op or near miss other
+than 0.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -69,11 +73,37 @@ def play(pool: Pool, task: dict, actions: list[dict], screens: Path | None, name
     }
 
 
+def forked(pool: Pool, task: dict, n: int) -> dict:
+    """One fork of the task's set-up desktop into n children, measured."""
+    parent = pool.create(task)
+    t0 = time.perf_counter()
+    children = pool.fork(parent["env_id"], n)["children"]
+    per_child = (time.perf_counter() - t0) / n
+    child = children[0]
+    t0 = time.perf_counter()
+    pool.step(child["env_id"], {"action_type": "TYPING", "parameters": {"text": "x"}}, 0)
+    step_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pool.observe(child["env_id"])
+    observe_s = time.perf_counter() - t0
+    memory = [pool.verify(e["env_id"])["audit"]["sandbox"]["memory_mib"] for e in children]
+    for e in [parent, *children]:
+        pool.close(e["env_id"])
+    return {
+        "fork_per_child_s": per_child,
+        "step_s": step_s,
+        "observe_s": observe_s,
+        "memory_mib_median": statistics.median(memory),
+        "valid": all(c["valid"] for c in children),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=Path, default=TASKS)
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
     p.add_argument("--screens", type=Path)
+    p.add_argument("--fork", type=int, default=4, help="children per measured fork (0: none)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -90,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 wrong += r["score"] != must
                 rows.append({"task": task["id"], "play": name, "must": must, **r})
                 print(f"{task['id']} {name}: {r['score']} ({r['verdict']})", file=sys.stderr)
+        forks = {t["id"]: forked(pool, t, args.fork) for t in tasks} if args.fork else {}
     finally:
         pool.stop()
     total = time.perf_counter() - t0
@@ -104,10 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['task']} | {r['play']} | {r['score']} ({r['must']:g}) | {r['verdict']} "
             f"| {r['create_s']:.2f} | {r['actions_s']:.2f} | {r['verify_s']:.2f} |"
         )
+    if forks:
+        lines += ["", f"| task | fork per child s ({args.fork} children) | step s | screenshot s "
+                  "| MiB per sandbox (median) |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for tid, f in forks.items():
+            lines.append(f"| {tid} | {f['fork_per_child_s']:.2f} | {f['step_s']:.2f} "
+                         f"| {f['observe_s']:.2f} | {f['memory_mib_median']:.0f} |")  # fmt: skip
     print("\n".join(lines))
     if args.out:
-        args.out.write_text(json.dumps({"image": built.digest, "rows": rows}, indent=2))
-    return 1 if wrong else 0
+        record = {"image": built.digest, "rows": rows, "forks": forks}
+        args.out.write_text(json.dumps(record, indent=2))
+    return 1 if wrong or not all(f["valid"] for f in forks.values()) else 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 Start it standalone with `python -m envab.envs.host --mode fork|restore --port P --token-file F`, or
 from Python with `serve_embedded(mode, token_file)` (a free loopback port, for one job).
-Linux only: workers are made with os.fork and their channels passed as file descriptors.
+Linux only. Each environment runs in a gVisor sandbox (`--sandbox gvisor`, the default: create
+restores a prepared checkpoint, fork is checkpoint + restore; `envab.envs.host.gvisor`) or as a
+plain process forked from a zygote (`--sandbox process`: os.fork, channels passed as descriptors).
+`--world xdesktop --rootfs DIR` serves the real X desktop instead of the Pillow one (gVisor only).
 
 Protocol (JSON over HTTP, version 1). Every request carries `Authorization: Bearer <token>`;
 any request without the right token, health included, gets 401. Screenshots are base64 PNG.
@@ -28,9 +31,10 @@ Semantics:
 - create takes the task whole, or by `task_id` from the tasks.jsonl the host was started with
   (`--tasks`); `task_sha256` is the digest of the task it set up (`envab.hashing.sha256_json`).
 - create runs the task's set-up on the prepared blank desktop: in `restore` mode the worker
-  restores it from a saved snapshot; in `fork` mode the worker is a copy-on-write fork of a
-  running prepared desktop. The state hash must equal `task.evaluator.initial_state_sha256`
-  where the task names one (a task the project did not draw itself may not).
+  restores it from a saved snapshot; in `fork` mode the worker is a copy of a running prepared
+  desktop (a restored checkpoint in gVisor, a copy-on-write fork as a process). The state hash
+  must equal `task.evaluator.initial_state_sha256` where the task names one (a task the project
+  did not draw itself may not).
 - fork (fork mode only; restore mode answers 501) makes n children in the parent's exact state:
   each child's state hash must equal the parent's. Children keep the parent's generation.
 - step applies one computer_13 action chosen from screenshot `generation`; on success the
