@@ -81,6 +81,12 @@ CONTROL_RUNS = [
     if arm == c.arm and config["arm"] is None
 ]
 QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
+# An arm on the real X desktop: the freeze refuses a task it cannot set up or score.
+RUNNABLE = (
+    "--runnable xdesktop"
+    if any(spec.get("world") == "xdesktop" for spec in config["arms"].values())
+    else ""
+)
 
 # The software of every rule: the project in its own environment (`--sdm conda`), or else the
 # interpreter running Snakemake, whose folder goes first on each job's PATH so that `python` in a

@@ -55,6 +55,7 @@ elif "osworld" in config["tasks"]:
             report=f"{RESULTS}/tasks/index.json",
         params:
             index=lambda wildcards, input: f"--index {input.index}" if input.index else "",
+            runnable=RUNNABLE,
         conda:
             SOFTWARE
         log:
@@ -63,7 +64,7 @@ elif "osworld" in config["tasks"]:
             # Each task file copied byte for byte; a malformed one refused with its path.
             "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
             " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
-            " > {log} 2>&1"
+            " {params.runnable} > {log} 2>&1"
 
 else:
 
@@ -74,6 +75,8 @@ else:
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
             report=f"{RESULTS}/tasks/index.json",
+        params:
+            runnable=RUNNABLE,
         conda:
             SOFTWARE
         log:
@@ -81,7 +84,7 @@ else:
         shell:
             # Kept line for line; a malformed line refused with its number.
             "python -m envab.envs.tasks.osworld --jsonl {input.tasks} --tasks {output.tasks}"
-            " --report {output.report} > {log} 2>&1"
+            " --report {output.report} {params.runnable} > {log} 2>&1"
 
 
 rule split:

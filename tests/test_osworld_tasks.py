@@ -286,6 +286,22 @@ def test_the_workflow_freezes_and_splits_an_osworld_folder_by_domain(workflow):
     assert verified.returncode == 0, verified.stdout
 
 
+def test_with_an_arm_on_the_x_desktop_the_workflow_refuses_what_it_cannot_run(workflow):
+    shutil.copytree(FIXTURE, workflow.root / "osworld")
+
+    def config(c):
+        c["tasks"] = {"osworld": {"dir": "osworld", "index": "osworld/test_all.json"}}
+        c["arms"]["drums"]["world"] = "xdesktop"
+        c["training"]["sft"]["enabled"] = False  # no oracle demonstrations in this set
+
+    workflow.edit_config(config)
+    result = workflow.snakemake("--until", "tasks")
+    assert result.returncode != 0
+    log = (workflow.root / "logs" / EXP / "tasks.log").read_text()
+    assert "cannot run on the X desktop; nothing written" in log
+    assert "expected getter 'cloud_file' reads what this desktop does not serve" in log
+
+
 def test_every_fixture_task_names_metrics_and_getters_desktop_env_has():
     from envab.envs.tasks.evaluators import registry
 
