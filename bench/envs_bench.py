@@ -30,10 +30,10 @@ import statistics
 import sys
 import threading
 import time
-from contextlib import suppress
 from pathlib import Path
 
 from envab.envs.arms import open_arm
+from envab.envs.host.gvisor import tree_pss_bytes
 from envab.envs.tasks.build import build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,21 +61,6 @@ def group_of(backend, task, group: int) -> list:
         parent.close()
         return children
     return [backend.create(task) for _ in range(group)]
-
-
-def tree_pss_bytes(pid: int) -> int:
-    """PSS of `pid` and every process below it."""
-    kib, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        with suppress(OSError):
-            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
-            kib += next(int(ln.split()[1]) for ln in rollup.splitlines() if ln[:4] == "Pss:")
-        with suppress(OSError):
-            for tid in Path(f"/proc/{p}/task").iterdir():
-                with suppress(OSError):
-                    todo += [int(k) for k in (tid / "children").read_text().split()]
-    return kib * 1024
 
 
 def measure_latency(backend, tasks, oracle, rounds: int, group: int) -> dict[str, list[float]]:

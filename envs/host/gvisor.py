@@ -164,15 +164,7 @@ class Sandbox:
     def memory_bytes(self) -> int | None:
         """The sandbox's memory: proportional set size (shared pages split among their
         sharers) of its kernel, file proxy and address-space stubs; None once it is gone."""
-        total = None
-        for pid in _descendants(self.proc.pid):
-            try:
-                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-            except OSError:
-                continue
-            kib = next((int(ln.split()[1]) for ln in rollup.splitlines() if ln[:4] == "Pss:"), 0)
-            total = (total or 0) + kib * 1024
-        return total
+        return tree_pss_bytes(self.proc.pid, include_root=False)
 
     def audit(self) -> dict:
         memory = self.memory_bytes()
@@ -189,20 +181,27 @@ class Sandbox:
         }
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
+def tree_pss_bytes(pid: int, include_root: bool = True) -> int | None:
+    """Proportional set size of the processes below `pid` (and of `pid` itself when
+    `include_root`); None when none of them can be read (gone)."""
+    total, todo = None, [pid]
+    seen = [pid] if include_root else []
     while todo:
         p = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            with contextlib.suppress(OSError):
-                kids = [int(k) for k in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
-                out += kids
-                todo += kids
-    return out
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    kids = [
+                        int(k) for k in Path(f"/proc/{p}/task/{tid}/children").read_text().split()
+                    ]
+                    seen += kids
+                    todo += kids
+    for p in seen:
+        with contextlib.suppress(OSError):
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+            kib = next((int(ln.split()[1]) for ln in rollup.splitlines() if ln[:4] == "Pss:"), 0)
+            total = (total or 0) + kib * 1024
+    return total
 
 
 class Gvisor:
