@@ -97,8 +97,6 @@ class Relay:
     in-environment server through `http` (the host's channel)."""
 
     def __init__(self, http: Http):
-        relay = self
-
         class Handler(BaseHTTPRequestHandler):
             def _any(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -109,14 +107,12 @@ class Relay:
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
-                relay.requests.append(f"{self.command} {self.path} {reply['status']}")
 
             do_GET = do_POST = _any
 
             def log_message(self, *args):
                 pass
 
-        self.requests: list[str] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

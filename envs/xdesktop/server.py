@@ -59,7 +59,7 @@ class SetupError(RuntimeError):
 class Display:
     def __init__(self):
         self.size: tuple[int, int] | None = None
-        self.children: list[subprocess.Popen] = []
+        self.children: list[subprocess.Popen] = []  # X server, window manager, applications
 
     def start(self, width: int, height: int) -> None:
         if self.size is not None:
