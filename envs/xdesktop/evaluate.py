@@ -26,10 +26,11 @@ import threading
 import types
 from collections.abc import Callable, Mapping
 from functools import cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
+from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
 
 # getter type -> what it reads from the environment (the routes of envs/xdesktop/server.py)
 SERVED_GETTERS = {
@@ -97,23 +98,11 @@ class Relay:
     in-environment server through `http` (the host's channel)."""
 
     def __init__(self, http: Http):
-        class Handler(BaseHTTPRequestHandler):
-            def _any(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                reply = http(self.command, self.path, self.headers.get("Content-Type", ""), body)
-                out = reply["body"]
-                self.send_response(reply["status"])
-                self.send_header("Content-Type", reply["content_type"] or "text/plain")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+        def relayed(method: str, path: str, content_type: str, body: bytes):
+            reply = http(method, path, content_type, body)
+            return reply["status"], reply["content_type"], reply["body"]
 
-            do_GET = do_POST = _any
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), request_handler(relayed))
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -137,8 +126,6 @@ def unavailable(task: Mapping) -> list[str]:
     """What in `task` this desktop cannot run or score (a set-up step it has no route for, a
     getter it does not serve, a metric whose module cannot load here), one item each: the
     freeze refuses such a task (`python -m envab.envs.tasks.osworld --runnable xdesktop`)."""
-    from envab.envs.xdesktop.server import SETUP_STEPS
-
     ev = task.get("evaluator") or {}
     gaps = []
     for where, steps in (("config", task.get("config")), ("postconfig", ev.get("postconfig"))):

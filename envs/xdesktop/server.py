@@ -477,11 +477,14 @@ def serve_stdio(env: Environment) -> None:
         send(reply)
 
 
-def serve_http(env: Environment, port: int) -> None:
+def request_handler(handle):
+    """An HTTP handler class that answers every GET and POST with `handle(method, path,
+    content type, body) -> (status, content type, body)` (this server; the host's relay)."""
+
     class Handler(BaseHTTPRequestHandler):
         def _any(self):
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            status, kind, out = env.routes.handle(
+            status, kind, out = handle(
                 self.command, self.path, self.headers.get("Content-Type", ""), body
             )
             self.send_response(status)
@@ -495,7 +498,11 @@ def serve_http(env: Environment, port: int) -> None:
         def log_message(self, *args):
             pass
 
-    ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
+    return Handler
+
+
+def serve_http(env: Environment, port: int) -> None:
+    ThreadingHTTPServer(("0.0.0.0", port), request_handler(env.routes.handle)).serve_forever()
 
 
 def main(argv=None) -> None:
