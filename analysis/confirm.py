@@ -20,28 +20,22 @@ import argparse
 import json
 import math
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from envab import machine_load, preregistration
+from envab import preregistration
 from envab.analysis.crossing import confirm, confirmation_power, confirmatory_episodes
 from envab.analysis.time_to_target import time_to_target
-from envab.envs.arms import ArmError, open_arm
-from envab.eval.heldout import (
-    EpisodeProgress,
-    Policy,
-    Protocol,
-    check_inputs,
-    evaluate,
-    recorded_files,
-)
+from envab.envs.arms import ArmError
+from envab.eval.heldout import Protocol, check_inputs, checked_key, play_checkpoint
+from envab.eval.reuse import Store, evaluated_once
 from envab.io import atomic_write_json, read_jsonl
 from envab.progress import job_console
 from envab.schema import ConfigError
-from envab.trainer import agent
 from envab.trainer.guards import GuardError
 from envab.trainer.model import ModelPinError
+
+REUSE_FIELDS = ("evaluation_key", "evaluated_for", "reused")  # eval/reuse.py
 
 
 def fresh_seeds(first_seed: int, episodes: int, tasks: int, per_seed: int) -> tuple[int, ...]:
@@ -49,13 +43,18 @@ def fresh_seeds(first_seed: int, episodes: int, tasks: int, per_seed: int) -> tu
     return tuple(range(first_seed, first_seed + math.ceil(episodes / (tasks * per_seed))))
 
 
-def confirmation(
-    policy, backend, tasks: list[dict], frozen: Protocol, threshold: float, settings, log=None
-) -> dict:
-    """Play the fresh episodes and judge them: what confirm.json records besides the crossing."""
+def fresh_protocol(
+    frozen: Protocol, tasks: int, threshold: float, settings
+) -> tuple[Protocol, int]:
+    """The frozen protocol on fresh seeds, enough of them for the episodes the test wants; and
+    how many it wants."""
     wanted = confirmatory_episodes(threshold, settings.delta, settings.alpha, settings.power)
-    seeds = fresh_seeds(settings.first_seed, wanted, len(tasks), frozen.episodes_per_task)
-    result = evaluate(policy, backend, tasks, replace(frozen, seeds=seeds), log=log)
+    seeds = fresh_seeds(settings.first_seed, wanted, tasks, frozen.episodes_per_task)
+    return replace(frozen, seeds=seeds), wanted
+
+
+def confirmation(result: dict, threshold: float, wanted: int, seeds, settings) -> dict:
+    """Judge the fresh episodes: what confirm.json records besides the crossing."""
     judged = confirm(
         result["successes"], result["episodes"], threshold, settings.delta, settings.alpha
     )
@@ -69,7 +68,11 @@ def confirmation(
         "power_at_threshold": confirmation_power(
             threshold, result["episodes"], threshold, settings.delta, settings.alpha
         ),
-        "evaluation": {k: v for k, v in result.items() if k != "episode_records"},
+        "evaluation": {
+            k: v
+            for k, v in result.items()
+            if k not in ("episode_records", "wall_s", "load", "inference_s", *REUSE_FIELDS)
+        },
     }
 
 
@@ -85,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", required=True, help="heldout.jsonl")
     parser.add_argument("--backend", required=True, help="JSON: the evaluation arm's config")
     parser.add_argument("--out", required=True, help="writes: confirm.json")
+    parser.add_argument(
+        "--store", help="evaluations by key (results/<exp>/evaluations): reused, then kept"
+    )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent
@@ -105,35 +111,23 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_json(args.out, record)
             console.say("no accepted crossing: nothing to confirm")
             return 0
-        protocol = Protocol.frozen(
+        frozen = Protocol.frozen(
             prereg.evaluation, pins["training"]["grpo"]["max_completion_length"]
         )
+        protocol, wanted = fresh_protocol(frozen, len(tasks), prereg.threshold, settings)
         checkpoint = Path(args.checkpoints) / crossing["checkpoint"]
-        policy = Policy(
-            checkpoint,
-            agent.tool_set(pins["training"]["tools"]),
-            protocol.temperature,
-            protocol.max_new_tokens,
-            expected=recorded_files(str(checkpoint), args.checkpoint_records),
+        backend = json.loads(args.backend)
+        key = checked_key(
+            checkpoint, args.checkpoint_records, protocol, pins, backend, args.heldout
         )
-        wanted = confirmatory_episodes(
-            prereg.threshold, settings.delta, settings.alpha, settings.power
+        console.say(f"{crossing['checkpoint']}: {wanted} fresh episodes wanted")
+        result = evaluated_once(
+            Store(args.store) if args.store else None,
+            key,
+            lambda: play_checkpoint(checkpoint, pins, protocol, tasks, backend, console, "fresh"),
+            evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )
-        per_seed = len(tasks) * protocol.episodes_per_task
-        episodes = per_seed * len(
-            fresh_seeds(settings.first_seed, wanted, len(tasks), protocol.episodes_per_task)
-        )
-        console.say(
-            f"{crossing['checkpoint']}: {episodes} fresh episodes ({wanted} wanted) on "
-            f"{prereg.evaluation.backend}"
-        )
-        progress = EpisodeProgress(console, episodes)
-        started, snapshot = time.perf_counter(), machine_load.Snapshot.now()
-        with open_arm(json.loads(args.backend)) as backend:
-            judged = confirmation(
-                policy, backend, tasks, protocol, prereg.threshold, settings, progress.episode
-            )
-        wall = time.perf_counter() - started
+        judged = confirmation(result, prereg.threshold, wanted, protocol.seeds, settings)
     except (ConfigError, GuardError, ModelPinError, ArmError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")
@@ -142,17 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=crossing["checkpoint"],
         crossing_success_rate=crossing["heldout_success_rate"],
         **judged,
-        wall_s=wall,
-        load=machine_load.since(snapshot),
-        inference_s=policy.generation_s,
+        wall_s=result["wall_s"],
+        load=result["load"],
+        inference_s=result["inference_s"],
+        **{k: result[k] for k in REUSE_FIELDS},
     )
     atomic_write_json(args.out, record)
     test = judged["test"]
     summary = (
         f"{judged['verdict']}: {test['successes']}/{test['episodes']} = "
         f"{test['success_rate']:.3f}, lower bound {test['lower_bound']:.3f} against "
-        f"{test['null_rate']:.2f}, {wall:.1f} s"
+        f"{test['null_rate']:.2f}, {result['wall_s']:.1f} s"
     )
+    if result["reused"]:
+        summary += f", reused: played for {result['evaluated_for']}"
     print(f"confirm {crossing['checkpoint']}: {summary}", file=sys.stderr)
     console.say(summary)
     return 0

@@ -81,6 +81,9 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         "evaluation_wall_s": sum(e.get("wall_s", 0.0) for e in run.evaluations.values()),
         "evaluation_cost_usd": sum(e.get("cost_usd", 0.0) for e in run.evaluations.values()),
         "unscored_evaluations": len(run.evaluations) - len(scored),
+        # played for another run's identical checkpoint (eval/reuse.py); the figures above are
+        # still what evaluating this run's checkpoints costs
+        "reused_evaluations": sum(bool(e.get("reused")) for e in run.evaluations.values()),
         "confirmation": _confirmation(run.confirmation),
     }
 
@@ -449,6 +452,11 @@ def render_markdown(outcome: dict) -> str:
             + (
                 f", {r['unscored_evaluations']} checkpoint(s) not scored"
                 if r["unscored_evaluations"]
+                else ""
+            )
+            + (
+                f", {r['reused_evaluations']} reused from an identical checkpoint"
+                if r.get("reused_evaluations")
                 else ""
             )
         )

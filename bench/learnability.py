@@ -167,7 +167,8 @@ from envab.trainer import agent  # noqa: E402
 TOOLS = agent.tool_set(args.toolset)
 
 from envab.envs.tasks.local import LocalBackend  # noqa: E402
-from envab.eval.heldout import Policy, Protocol, evaluate  # noqa: E402
+from envab.eval.heldout import Protocol, evaluate  # noqa: E402
+from envab.eval.policy import Policy  # noqa: E402
 from envab.split import split_tasks  # noqa: E402
 from envab.trainer import tiny_model  # noqa: E402
 from envab.trainer.tiny_model import TinySpec  # noqa: E402

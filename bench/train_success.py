@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from envab.envs.tasks.local import LocalBackend
-from envab.eval.heldout import Policy, Protocol, evaluate
+from envab.eval.heldout import Protocol, evaluate
+from envab.eval.policy import Policy
 from envab.io import read_jsonl
 from envab.preregistration import check_frozen
 from envab.trainer import agent

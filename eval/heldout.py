@@ -21,6 +21,10 @@ An invalid episode (any gate failed) is retried up to `max_invalid_retries` time
 a checkpoint left short of valid episodes on any task is marked `scored: false` and gets no rate
 (never a 0). Wall-clock and cost (evaluation host price + inference price) are recorded apart
 from training.
+
+An identical checkpoint (file for file) under the same protocol and backend is played once
+(`--store`, eval/reuse.py): a later job takes the stored record, marked `reused`. The files are
+checked against the run's record first, and torch is loaded only when episodes are played.
 """
 
 from __future__ import annotations
@@ -31,20 +35,22 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
-from trl.chat_template_utils import add_response_schema, parse_response
+from typing import TYPE_CHECKING
 
 from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
-from envab.hashing import sha256_bytes
+from envab.eval.reuse import Store, evaluated_once, evaluation_key
+from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
 from envab.progress import Console, duration, eta, job_console
 from envab.schema import ConfigError
 from envab.trainer import agent
 from envab.trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
-from envab.trainer.model import ModelPinError, load
+from envab.trainer.manifest import ModelPinError, check_manifest
+
+if TYPE_CHECKING:
+    from envab.eval.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -69,60 +75,6 @@ class Protocol:
             temperature=evaluation.temperature,
             max_new_tokens=max_new_tokens,
         )
-
-
-class Policy:
-    """The checkpoint, asked for one tool call at a time in the trainer's prompt format."""
-
-    def __init__(
-        self,
-        checkpoint: str | Path,
-        tools: agent.ToolSet,
-        temperature: float,
-        max_new_tokens: int,
-        expected: dict[str, str] | None = None,
-    ):
-        # `expected`: the files training recorded for the checkpoint; any other refuses the load.
-        self.model, self.processor = load(checkpoint, expected)
-        self.model.eval()
-        self.tokenizer = add_response_schema(self.processor.tokenizer)
-        self.tools = tools
-        self.turn = agent.turn_generation_kwargs(self.tokenizer)  # one tool call per turn
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
-        self.generation_s = 0.0
-
-    def act(self, messages: list[dict], seed: int) -> dict:
-        """The assistant message (parsed, tool calls included) for the conversation so far."""
-        tools = list(self.tools.tools)
-        inputs = self.processor.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            return_tensors="pt",
-        )
-        sampling = self.temperature > 0
-        if sampling:
-            torch.manual_seed(seed)
-        started = time.perf_counter()
-        with torch.no_grad():
-            output = self.model.generate(
-                **inputs,
-                max_new_tokens=self.max_new_tokens,
-                do_sample=sampling,
-                temperature=self.temperature if sampling else None,
-                # Sampling as GRPO samples (TRL: top_k 0, top_p 1.0), not with transformers'
-                # default top_k of 50, which would evaluate a sharper policy than was trained.
-                top_k=0 if sampling else None,
-                top_p=1.0 if sampling else None,
-                **self.turn,
-            )
-        self.generation_s += time.perf_counter() - started
-        prompt = inputs["input_ids"][0].tolist()
-        completion = output[0][len(prompt) :].tolist()
-        return parse_response(self.tokenizer, completion, prefix=prompt, tools=tools)
 
 
 def sampler_seed(task_id: str, seed: int, turn: int) -> int:
@@ -247,12 +199,46 @@ def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
 
 def recorded_files(checkpoint: str, records: str) -> dict[str, str]:
     """The files training recorded for this checkpoint: the model evaluated must be exactly
-    those (the load checks them, trainer/model.py: check_manifest)."""
+    those (checked_key checks them before anything is reused or loaded)."""
     name = Path(checkpoint).name
     saved = {r["checkpoint"]: r["files"] for r in read_jsonl(records)}
     if name not in saved:
         raise GuardError(f"{name} is not a checkpoint recorded in {records}")
     return saved[name]
+
+
+def checked_key(checkpoint, records: str, protocol: Protocol, pins: dict, backend: dict, heldout):
+    """The checkpoint's files checked against the run's record, before anything is reused or
+    loaded; then the key its evaluation under `protocol` is stored by (eval/reuse.py)."""
+    files = recorded_files(str(checkpoint), records)
+    check_manifest(checkpoint, files)
+    return evaluation_key(
+        files, asdict(protocol), pins["training"]["tools"], backend, sha256_file(heldout)
+    )
+
+
+def play_checkpoint(
+    checkpoint, pins: dict, protocol: Protocol, tasks: list[dict], backend: dict, console, kind
+) -> dict:
+    """Load the checkpoint and play every episode of `protocol`: the result with its wall-clock,
+    the machine's load meanwhile and the generation time."""
+    from envab.eval.policy import Policy  # torch is loaded only where episodes are played
+
+    started, snapshot = time.perf_counter(), machine_load.Snapshot.now()
+    tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
+    # Its files were checked against the run's record just before (checked_key).
+    policy = Policy(checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
+    episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
+    console.say(f"{episodes} {kind} episodes on {backend['backend']}")
+    progress = EpisodeProgress(console, episodes)
+    with open_arm(backend) as arm:
+        result = evaluate(policy, arm, tasks, protocol, log=progress.episode)
+    return {
+        **result,
+        "wall_s": time.perf_counter() - started,
+        "load": machine_load.since(snapshot),  # CPU time, load average and steal
+        "inference_s": policy.generation_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,34 +252,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", required=True, help="heldout.jsonl")
     parser.add_argument("--backend", required=True, help="JSON: the evaluation arm's config")
     parser.add_argument("--out", required=True, help="writes: eval/<checkpoint>.json")
+    parser.add_argument(
+        "--store", help="evaluations by key (results/<exp>/evaluations): reused, then kept"
+    )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
-    console = job_console(
-        f"eval {run_dir.parent.name} {run_dir.name} {Path(args.checkpoint).name}", args.log
-    )
+    name = Path(args.checkpoint).name
+    console = job_console(f"eval {run_dir.parent.name} {run_dir.name} {name}", args.log)
     try:
         prereg, tasks, pins = check_inputs(args)
         protocol = Protocol.frozen(
             prereg.evaluation, pins["training"]["grpo"]["max_completion_length"]
         )
-        tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
-        started = time.perf_counter()
-        snapshot = machine_load.Snapshot.now()
-        policy = Policy(
-            args.checkpoint,
-            tools,
-            protocol.temperature,
-            protocol.max_new_tokens,
-            expected=recorded_files(args.checkpoint, args.checkpoint_records),
+        backend = json.loads(args.backend)
+        key = checked_key(
+            args.checkpoint, args.checkpoint_records, protocol, pins, backend, args.heldout
         )
-        episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
-        console.say(f"{episodes} held-out episodes on {prereg.evaluation.backend}")
-        progress = EpisodeProgress(console, episodes)
-        with open_arm(json.loads(args.backend)) as backend:
-            result = evaluate(policy, backend, tasks, protocol, log=progress.episode)
-        wall = time.perf_counter() - started
-        measured = machine_load.since(snapshot)
+        record = evaluated_once(
+            Store(args.store) if args.store else None,
+            key,
+            lambda: play_checkpoint(
+                args.checkpoint, pins, protocol, tasks, backend, console, "held-out"
+            ),
+            evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
+        )
     except (ConfigError, GuardError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")
@@ -301,23 +284,22 @@ def main(argv: list[str] | None = None) -> int:
     backend_name = prereg.evaluation.backend
     prices = prereg.prices
     record = {
-        "checkpoint": Path(args.checkpoint).name,
+        "checkpoint": name,
         "backend": backend_name,
         "protocol": asdict(protocol),
-        **result,
-        "wall_s": wall,
-        "load": measured,  # CPU time, load average and steal (envab/machine_load.py)
-        "inference_s": policy.generation_s,
-        "cost_usd": wall / 3600 * prices.host(backend_name)
-        + policy.generation_s / 3600 * prices.inference_usd_per_hour,
+        **record,
+        "cost_usd": record["wall_s"] / 3600 * prices.host(backend_name)
+        + record["inference_s"] / 3600 * prices.inference_usd_per_hour,
     }
     atomic_write_json(args.out, record)
     rate = "not scored" if not record["scored"] else f"{record['success_rate']:.3f}"
     summary = (
         f"held-out success {rate} over {record['episodes']} valid episodes, "
-        f"{record['invalid']} invalid, {wall:.1f} s"
+        f"{record['invalid']} invalid, {record['wall_s']:.1f} s"
     )
-    print(f"eval {record['checkpoint']}: {summary}", file=sys.stderr)
+    if record["reused"]:
+        summary += f", reused: played for {record['evaluated_for']}"
+    print(f"eval {name}: {summary}", file=sys.stderr)
     console.say(summary)
     return 0
 

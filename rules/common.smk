@@ -61,6 +61,7 @@ config["preregistered"] = {**PREREG.as_dict(), "sha256": sha256_file(config["pre
 RESULTS = f"results/{EXP}"
 RECEIPTS = f"receipts/{EXP}"
 LOGS = f"logs/{EXP}"
+EVALUATIONS = f"{RESULTS}/evaluations"  # evaluation records by key, each played once
 PREREG_RECEIPT = f"{RECEIPTS}/preregistration.json"
 FROZEN = [f"{RECEIPTS}/{name}" for name in FREEZE_RECEIPTS]  # what every later job builds on
 SFT_ENABLED = config["training"]["sft"]["enabled"]

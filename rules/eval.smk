@@ -1,5 +1,7 @@
 # Held-out evaluation: each saved checkpoint of each run is its own job, discovered after the
 # `train` checkpoint has run, on the pre-registered evaluation backend (the same for every arm).
+# A checkpoint identical file for file to one already evaluated under the same protocol is not
+# played again: its record is taken from EVALUATIONS, marked reused (eval/reuse.py).
 
 
 rule eval:
@@ -14,6 +16,7 @@ rule eval:
         run_file("eval/{name}.json"),
     params:
         backend=as_arg(config["arms"][PREREG.evaluation.backend]),
+        store=EVALUATIONS,
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
@@ -28,7 +31,7 @@ rule eval:
         "python -m envab.eval.heldout --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --checkpoint-records {input.records}"
         " --checkpoint {input.checkpoint} --heldout {input.heldout} --backend {params.backend}"
-        " --out {output} --log {log}"
+        " --out {output} --store {params.store} --log {log}"
 
 
 # The confirmatory evaluation (pre-registered `confirmation`): each run's accepted crossing
@@ -49,6 +52,7 @@ if PREREG.confirmation:
             run_file("confirm.json"),
         params:
             backend=as_arg(config["arms"][PREREG.evaluation.backend]),
+            store=EVALUATIONS,
         wildcard_constraints:
             arm="[A-Za-z0-9_-]+",
             seed=r"\d+",
@@ -61,4 +65,4 @@ if PREREG.confirmation:
             "python -m envab.analysis.confirm --target {input.target} --receipts {input.receipts}"
             " --pins {input.pins} --checkpoint-records {input.records} --evals {input.evals}"
             " --checkpoints {input.checkpoints} --heldout {input.heldout}"
-            " --backend {params.backend} --out {output} --log {log}"
+            " --backend {params.backend} --out {output} --store {params.store} --log {log}"

@@ -203,6 +203,28 @@ def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
             assert record["wall_s"] > 0 and record["cost_usd"] > 0
 
 
+def test_an_identical_checkpoint_is_played_once_and_reused_by_every_run_that_saved_it(answered):
+    evaluations = {}  # the files a checkpoint holds -> the evaluation records of every run's copy
+    for run_dir in sorted((answered.root / RESULTS).glob("*/seed1")):
+        for line in (run_dir / "checkpoints.jsonl").open():
+            saved = json.loads(line)
+            record = json.loads((run_dir / "eval" / f"{saved['checkpoint']}.json").read_text())
+            evaluations.setdefault(json.dumps(saved["files"], sort_keys=True), []).append(record)
+    for records in evaluations.values():
+        played = [r for r in records if not r["reused"]]
+        assert len(played) == 1, [r["evaluated_for"] for r in records]
+        assert len({r["evaluation_key"] for r in records}) == 1
+        for record in records:
+            assert record["evaluated_for"] == played[0]["evaluated_for"]
+            assert record["episode_records"] == played[0]["episode_records"]
+            assert record["wall_s"] == played[0]["wall_s"]  # what evaluating it costs, once
+    # The starting model is the first checkpoint of all five runs (the A/B's two, the controls'
+    # three): one evaluation, four reused.
+    assert max(len(records) for records in evaluations.values()) == 5
+    outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
+    assert sum(r["reused_evaluations"] for r in outcome["runs"]) >= 1
+
+
 def embedded(report: str, filename: str) -> str:
     """An item's content as report.html embeds it: a base64 data URI that names the file."""
     found = re.search(rf"filename={re.escape(filename)};base64,([A-Za-z0-9+/=]+)", report)

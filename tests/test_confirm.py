@@ -8,9 +8,10 @@ import yaml
 from test_controls import REPO
 from test_heldout import PROTOCOL, Scripted
 
-from envab.analysis.confirm import confirmation, fresh_seeds
+from envab.analysis.confirm import confirmation, fresh_protocol, fresh_seeds
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
+from envab.eval.heldout import evaluate
 from envab.preregistration import ConfirmationProtocol, Preregistration
 from envab.schema import ConfigError
 from envab.trainer import agent
@@ -44,6 +45,13 @@ def tasks_and_clicks():
     return tasks, clicks
 
 
+def confirmed(policy, tasks, frozen, threshold):
+    """What the confirm job judges: the fresh episodes played, then the test."""
+    protocol, wanted = fresh_protocol(frozen, len(tasks), threshold, SETTINGS)
+    result = evaluate(policy, LocalBackend(), tasks, protocol)
+    return confirmation(result, threshold, wanted, protocol.seeds, SETTINGS)
+
+
 def test_fresh_seeds_cover_the_episodes_wanted():
     assert fresh_seeds(1000, 493, 25, 1) == tuple(range(1000, 1020))  # 20 x 25 = 500 >= 493
     assert fresh_seeds(1000, 50, 25, 2) == (1000,)
@@ -57,8 +65,7 @@ def test_a_policy_that_always_succeeds_is_confirmed_and_one_that_never_does_is_n
     always = Clicking(clicks)
     never = Clicking({})
     # delta 0.2 at threshold 0.5: 0.3 is ruled out with a few dozen episodes
-    good = confirmation(always, LocalBackend(), tasks, protocol, 0.5, SETTINGS)
-    bad = confirmation(never, LocalBackend(), tasks, protocol, 0.5, SETTINGS)
+    good, bad = (confirmed(policy, tasks, protocol, 0.5) for policy in (always, never))
     assert good["episodes_wanted"] <= good["test"]["episodes"] == len(tasks) * len(good["seeds"])
     assert good["seeds"][0] == 1000
     assert good["evaluation"]["success_rate"] > 0.5 and good["verdict"] == "confirmed"

@@ -161,3 +161,36 @@ def test_the_evaluated_checkpoint_must_be_the_one_training_recorded(tmp_path):
         check_manifest(checkpoint, expected)
     with pytest.raises(GuardError, match="not a checkpoint recorded"):
         recorded_files(str(tmp_path / "checkpoints" / "valid-000032"), str(records))
+
+
+def test_an_evaluation_is_played_once_per_key_and_reused_after(tmp_path):
+    from envab.eval.reuse import Store, evaluated_once, evaluation_key
+
+    played = []
+
+    def play():
+        played.append(1)
+        return {"success_rate": 0.5, "wall_s": 3.0}
+
+    files = {"model.safetensors": "ab" * 32}
+    key = evaluation_key(files, {"seeds": [0]}, "click", {"backend": "drums"}, "cd" * 32)
+    store = Store(tmp_path / "evaluations")
+    first = evaluated_once(store, key, play, "drums/seed1/valid-000000")
+    again = evaluated_once(store, key, play, "qemu/seed1/valid-000000")
+    assert len(played) == 1 and (first["reused"], again["reused"]) == (False, True)
+    assert again["evaluated_for"] == "drums/seed1/valid-000000" and again["wall_s"] == 3.0
+    # Anything the result depends on gives another key: other files, protocol, tools, backend,
+    # held-out set; and a record filed under another key's name is not taken.
+    others = [
+        evaluation_key({"model.safetensors": "ef" * 32}, {"seeds": [0]}, "click", {}, "cd" * 32),
+        evaluation_key(files, {"seeds": [1]}, "click", {"backend": "drums"}, "cd" * 32),
+        evaluation_key(files, {"seeds": [0]}, "computer_13", {"backend": "drums"}, "cd" * 32),
+        evaluation_key(files, {"seeds": [0]}, "click", {"backend": "qemu"}, "cd" * 32),
+        evaluation_key(files, {"seeds": [0]}, "click", {"backend": "drums"}, "ce" * 32),
+    ]
+    assert len({key, *others}) == 6
+    store.path(key).rename(store.path(others[0]))
+    assert evaluated_once(store, others[0], play, "x")["reused"] is False and len(played) == 2
+    # Without a store, every call plays.
+    evaluated_once(None, key, play, "x")
+    assert len(played) == 3
