@@ -33,7 +33,7 @@ from envab.io import atomic_write_json, read_jsonl
 from envab.progress import job_console
 from envab.schema import ConfigError
 from envab.trainer.guards import GuardError
-from envab.trainer.model import ModelPinError
+from envab.trainer.manifest import ModelPinError
 
 REUSE_FIELDS = ("evaluation_key", "evaluated_for", "reused")  # eval/reuse.py
 

@@ -171,7 +171,7 @@ from envab.eval.heldout import Protocol, evaluate  # noqa: E402
 from envab.eval.policy import Policy  # noqa: E402
 from envab.split import split_tasks  # noqa: E402
 from envab.trainer import tiny_model  # noqa: E402
-from envab.trainer.tiny_model import TinySpec  # noqa: E402
+from envab.trainer.tiny_spec import TinySpec  # noqa: E402
 
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)

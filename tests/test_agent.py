@@ -119,7 +119,7 @@ def test_an_unknown_tool_set_is_one_clear_error():
 def tiny(task_set, tmp_path_factory):
     from envab.trainer import tiny_model
     from envab.trainer.model import load
-    from envab.trainer.tiny_model import TinySpec
+    from envab.trainer.tiny_spec import TinySpec
 
     tasks, _ = task_set
     out = tmp_path_factory.mktemp("tiny") / "model"

@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 
 from envab.trainer import model as pin
-from envab.trainer.tiny_model import TinySpec, build_config, build_model, trl_qwen3_vl_template
+from envab.trainer.tiny_model import build_config, build_model, trl_qwen3_vl_template
+from envab.trainer.tiny_spec import TinySpec
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = [

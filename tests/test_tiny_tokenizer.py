@@ -3,7 +3,8 @@ newlines), so a model trained on rendered conversations starts its own turn righ
 
 from __future__ import annotations
 
-from envab.trainer.tiny_model import TinySpec, tokenizer_corpus, train_tokenizer
+from envab.trainer.tiny_model import tokenizer_corpus, train_tokenizer
+from envab.trainer.tiny_spec import TinySpec
 
 
 def test_generation_prompt_plus_turn_tokenizes_like_the_whole_conversation():

@@ -34,7 +34,6 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import torch
 import yaml
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
@@ -45,20 +44,18 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import HFValidationError, validate_repo_id
-from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from envab.hashing import aggregate_digest, sha256_file
 from envab.io import read_jsonl
 from envab.receipts import Receipts, read_receipt
-from envab.trainer import tiny_model
 from envab.trainer.manifest import (
     ModelPinError,
     check_manifest,
     model_manifest,
     read_manifest_file,
 )
-from envab.trainer.tiny_model import SOURCE as BUILTIN_TINY
-from envab.trainer.tiny_model import TinySpec
+from envab.trainer.tiny_spec import SOURCE as BUILTIN_TINY
+from envab.trainer.tiny_spec import TinySpec
 
 HUB_SCHEME = "hf://"
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -174,6 +171,8 @@ def build_builtin(source: BuiltinSource, instructions: list[str], out: str | Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        from envab.trainer import tiny_model  # torch: only a build needs it
+
         tiny_model.build(instructions, tmp, source.spec)
         if out.exists():
             out.rmdir()
@@ -223,6 +222,11 @@ def materialize(
 
 def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: str = "float32"):
     """(model, processor) from a local model folder, checked first when a manifest is given."""
+
+    # torch and transformers load here, not at import: the manifest, check and pin commands and a
+    # job that refuses its inputs run without them.
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model_dir = Path(model_dir)
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
