@@ -13,7 +13,7 @@ column; a label keeps its row), splits it as the pipeline does (envab/split.py),
 
 1. held-out success of the pinned model (eval.heldout.evaluate on LocalBackend);
 2. SFT warm start: TRL's SFTTrainer with trainer/sft.py's demonstrations and collator, rendered
-   WITH the tool prompt (trainer/sft.py's WithTools), which is what GRPO and the evaluation
+   WITH the tool prompt (trainer/warm_start.py's WithTools), which is what GRPO and the evaluation
    render (`--sft-prompt plain` drops the tools: an old bug, 0 % held-out);
 3. success after SFT on the held-out and on the training tasks, and held-out with a blank first
    screenshot (the window grey only, no buttons: how much the policy reads the screen);
@@ -283,7 +283,7 @@ demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS, LocalBackend(
 set_seed(0)
 model, processor = load(pinned)
 collator = demonstration_collator(processor, demos, TOOLS)
-if args.sft_prompt == "plain":  # trainer/sft.py renders the tools (WithTools); undo that
+if args.sft_prompt == "plain":  # trainer/warm_start.py renders the tools (WithTools); undo that
     collator.processor = processor
 cfg = SFTConfig(
     output_dir=str(out / "sft_scratch"),

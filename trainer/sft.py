@@ -31,18 +31,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from datasets import Dataset
-from transformers import TrainerCallback, set_seed
-from trl import SFTConfig, SFTTrainer
-from trl.chat_template_utils import get_training_chat_template
-from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
-
 from envab import preregistration
 from envab.envs.arms import ArmError, open_arm
 from envab.envs.protocol import Backend
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
-from envab.progress import Console, duration, eta, job_console
+from envab.progress import Console, job_console
 from envab.receipts import subject, write_receipt
 from envab.schema import ConfigError
 from envab.trainer import agent
@@ -103,62 +97,6 @@ def demonstrations(
     return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"], tools, backend) for t in tasks}
 
 
-def demonstration_collator(processor, demos: dict, tools: agent.ToolSet):
-    """TRL's vision collator, fed each row's whole conversation by task id.
-
-    The conversations cannot live in the Arrow dataset: Arrow unifies content blocks into one
-    struct, so a text block gains `image: null`, which the chat template counts as an image; and
-    TRL's collator fills a row's `images` into user turns only, never into tool results. So the
-    dataset holds task ids, and the screenshots stay inside their messages (`images` empty).
-    """
-
-    class DemonstrationCollator(DataCollatorForVisionLanguageModeling):
-        def torch_call(self, examples):
-            rows = [{"messages": demos[e["task_id"]], "images": []} for e in examples]
-            return super().torch_call(rows)
-
-    # Loss on the assistant turns only (the tool calls), through TRL's training template, which
-    # marks them with {% generation %}.
-    return DemonstrationCollator(
-        processor=WithTools(processor, tools),
-        assistant_only_loss=True,
-        chat_template=get_training_chat_template(processor),
-    )
-
-
-class StepProgress(TrainerCallback):
-    """A transformers Trainer's progress on the console: a line at each logging step (set
-    `logging_steps` to a tenth of max_steps) with the training loss and an ETA. For the warm start,
-    whose length is a step count."""
-
-    def __init__(self, console: Console):
-        self.console = console
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            step, elapsed = state.global_step, self.console.elapsed()
-            self.console.say(
-                f"step {step}/{state.max_steps}, loss {logs['loss']:.4f}, {duration(elapsed)}, "
-                f"ETA {eta(step, state.max_steps, elapsed)}"
-            )
-
-
-class WithTools:
-    """The processor, rendering every conversation with the agent's tools. TRL's vision collator
-    passes no `tools`, so without this the warm start would learn from a prompt without the tool
-    descriptions, shorter than the one GRPO and the held-out evaluation render."""
-
-    def __init__(self, processor, tools: agent.ToolSet):
-        self._processor = processor
-        self._tools = list(tools.tools)
-
-    def __getattr__(self, name):
-        return getattr(self._processor, name)
-
-    def apply_chat_template(self, conversation, **kwargs):
-        return self._processor.apply_chat_template(conversation, tools=self._tools, **kwargs)
-
-
 def train(args, console: Console) -> dict:
     _, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
@@ -173,8 +111,12 @@ def train(args, console: Console) -> dict:
     solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
     with open_arm(json.loads(args.arm)) as backend:
         demos = demonstrations(tasks, solutions, guard, tools, backend)
-    dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
-    set_seed(args.seed)
+    # torch, transformers and TRL load only now: a job that refuses its inputs answers at once.
+    from transformers import set_seed
+
+    from envab.trainer.warm_start import fit
+
+    set_seed(args.seed)  # before the load, as the warm start's bytes have always been made
     model, processor = load_checked(args.model, receipts)
 
     out = Path(args.out)
@@ -183,35 +125,8 @@ def train(args, console: Console) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        config = SFTConfig(
-            output_dir=str(scratch / "trainer"),
-            seed=args.seed,
-            max_steps=settings["steps"],
-            per_device_train_batch_size=settings["batch_size"],
-            learning_rate=settings["learning_rate"],
-            lr_scheduler_type="constant",
-            dataset_kwargs={"skip_prepare_dataset": True},  # rows are task ids, see the collator
-            use_cpu=args.device == "cpu",
-            bf16=args.device != "cpu",
-            gradient_checkpointing=False,
-            save_strategy="no",
-            logging_steps=max(1, settings["steps"] // 10),  # a console line each tenth
-            report_to="none",
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-        )
-        trainer = SFTTrainer(
-            model=model,
-            args=config,
-            train_dataset=dataset,
-            processing_class=processor,
-            data_collator=demonstration_collator(processor, demos, tools),
-            callbacks=[StepProgress(console)],
-        )
-        result = trainer.train()
         model_dir = scratch / "model"
-        trainer.model.save_pretrained(model_dir)
-        processor.save_pretrained(model_dir)
+        loss = fit(model, processor, demos, tools, settings, args, console, scratch, model_dir)
         os.replace(model_dir, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -231,11 +146,11 @@ def train(args, console: Console) -> dict:
             "base_model": Path(args.model).as_posix(),
             "demonstrations": len(demos),
             "task_ids": sorted(demos),
-            "final_train_loss": result.training_loss,
+            "final_train_loss": loss,
         },
         depends_on=receipts.paths,
     )
-    return {"demonstrations": len(demos), "steps": settings["steps"], "loss": result.training_loss}
+    return {"demonstrations": len(demos), "steps": settings["steps"], "loss": loss}
 
 
 def main(argv: list[str] | None = None) -> int:
