@@ -277,7 +277,8 @@ from transformers import set_seed  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from envab.trainer.model import load  # noqa: E402
-from envab.trainer.sft import demonstration, demonstration_collator  # noqa: E402
+from envab.trainer.sft import demonstration  # noqa: E402
+from envab.trainer.warm_start import demonstration_collator  # noqa: E402
 
 demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS, LocalBackend()) for t in train}
 set_seed(0)

@@ -1,9 +1,12 @@
 """The real X desktop's tasks, each played with its oracle (must score 1), a no-op and its near
 misses (must score 0), scored by the task's own evaluator (desktop-env's getters and metrics),
-on the fork host's gVisor sandboxes.
+on the fork host's gVisor sandboxes, the QEMU arm's VMs (the same files), or both.
 
-    python bench/real_tasks.py [--tasks envs/xdesktop/tasks] [--cache build/xdesktop]
-                               [--screens DIR] [--out FILE.json]
+    python bench/real_tasks.py [--sandbox gvisor|qemu|both] [--tasks envs/xdesktop/tasks]
+                               [--cache build/xdesktop] [--screens DIR] [--out FILE.json]
+
+With `both`, every play runs on each arm and the two arms' screens are compared pixel for pixel,
+after the set-up and after the last action: identical, or how many pixels differ and where.
 
 Builds the X desktop's root file system first if it is not cached (minutes). Prints one row per
 (task, play): the score, the verdict, and the time of create (restore + set-up), of the actions
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import json
 import statistics
 import sys
@@ -47,6 +51,7 @@ def plays(solution: dict) -> list[tuple[str, list[dict], float]]:
 def play(pool: Pool, task: dict, actions: list[dict], screens: Path | None, name: str) -> dict:
     t0 = time.perf_counter()
     env = pool.create(task)
+    first = env.get("screenshot_png")
     t1 = time.perf_counter()
     last = env
     for action in actions:
@@ -69,8 +74,26 @@ def play(pool: Pool, task: dict, actions: list[dict], screens: Path | None, name
         "create_s": t1 - t0,
         "actions_s": t2 - t1,
         "verify_s": t3 - t2,
-        "first_screen_sha256": env.get("state_sha256"),
+        "first_screen": first,
+        "last_screen": last.get("screenshot_png"),
     }
+
+
+def compared(a_png: str | None, b_png: str | None) -> str:
+    """Two screenshots (base64 PNG) compared pixel for pixel: "identical", or what differs."""
+    from PIL import Image, ImageChops
+
+    if not a_png or not b_png:
+        return "missing"
+    a, b = (Image.open(io.BytesIO(base64.b64decode(x))).convert("RGB") for x in (a_png, b_png))
+    if a.size != b.size:
+        return f"sizes {a.size} and {b.size}"
+    diff = ImageChops.difference(a, b)
+    box = diff.getbbox()
+    if box is None:
+        return "identical"
+    changed = sum(1 for px in diff.getdata() if px != (0, 0, 0))
+    return f"{changed} of {a.width * a.height} pixels differ, within {box}"
 
 
 def forked(pool: Pool, task: dict, n: int) -> dict:
@@ -98,8 +121,33 @@ def forked(pool: Pool, task: dict, n: int) -> dict:
     }
 
 
+def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], dict, float]:
+    """Every play of every task on one arm: the rows, the forks (gVisor only) and the time."""
+    mode = "fork" if sandbox == "gvisor" else "restore"
+    pool = Pool(HostConfig(mode=mode, sandbox=sandbox, world="xdesktop",
+                           rootfs=str(built.rootfs), step_timeout_s=60,
+                           create_timeout_s=300))  # fmt: skip
+    t0 = time.perf_counter()
+    pool.start()
+    rows = []
+    try:
+        for task in tasks:
+            for name, actions, must in plays(solutions[task["id"]]):
+                r = play(pool, task, actions, args.screens and args.screens / sandbox, name)
+                rows.append({"arm": sandbox, "task": task["id"], "play": name, "must": must, **r})
+                print(f"{sandbox} {task['id']} {name}: {r['score']} ({r['verdict']})",
+                      file=sys.stderr)  # fmt: skip
+        forks = {}
+        if args.fork and mode == "fork":
+            forks = {t["id"]: forked(pool, t, args.fork) for t in tasks}
+    finally:
+        pool.stop()
+    return rows, forks, time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sandbox", choices=("gvisor", "qemu", "both"), default="gvisor")
     p.add_argument("--tasks", type=Path, default=TASKS)
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
     p.add_argument("--screens", type=Path)
@@ -108,32 +156,27 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
     tasks, solutions = load_tasks(args.tasks)
-    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", world="xdesktop",
-                           rootfs=str(built.rootfs), step_timeout_s=30))  # fmt: skip
-    t0 = time.perf_counter()
-    pool.start()
-    rows, wrong = [], 0
-    try:
-        for task in tasks:
-            for name, actions, must in plays(solutions[task["id"]]):
-                r = play(pool, task, actions, args.screens, name)
-                wrong += r["score"] != must
-                rows.append({"task": task["id"], "play": name, "must": must, **r})
-                print(f"{task['id']} {name}: {r['score']} ({r['verdict']})", file=sys.stderr)
-        forks = {t["id"]: forked(pool, t, args.fork) for t in tasks} if args.fork else {}
-    finally:
-        pool.stop()
-    total = time.perf_counter() - t0
+    arms = ("gvisor", "qemu") if args.sandbox == "both" else (args.sandbox,)
+    rows, forks, took = [], {}, {}
+    for arm in arms:
+        arm_rows, arm_forks, took[arm] = run_arm(arm, built, tasks, solutions, args)
+        rows += arm_rows
+        forks.update(arm_forks)
+    wrong = sum(r["score"] != r["must"] for r in rows)
     lines = [
-        f"X desktop {built.digest[:16]}, gVisor fork host; {len(rows)} plays in {total:.0f} s",
+        f"X desktop {built.digest[:16]}; "
+        + ", ".join(
+            f"{arm}: {sum(r['arm'] == arm for r in rows)} plays in {took[arm]:.0f} s"
+            for arm in arms
+        ),  # fmt: skip
         "",
-        "| task | play | score (must) | verdict | create s | actions s | verify s |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| arm | task | play | score (must) | verdict | create s | actions s | verify s |",
+        "|---|---|---|---|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['task']} | {r['play']} | {r['score']} ({r['must']:g}) | {r['verdict']} "
-            f"| {r['create_s']:.2f} | {r['actions_s']:.2f} | {r['verify_s']:.2f} |"
+            f"| {r['arm']} | {r['task']} | {r['play']} | {r['score']} ({r['must']:g}) "
+            f"| {r['verdict']} | {r['create_s']:.2f} | {r['actions_s']:.2f} | {r['verify_s']:.2f} |"
         )
     if forks:
         lines += ["", f"| task | fork per child s ({args.fork} children) | step s | screenshot s "
@@ -141,10 +184,20 @@ def main(argv: list[str] | None = None) -> int:
         for tid, f in forks.items():
             lines.append(f"| {tid} | {f['fork_per_child_s']:.2f} | {f['step_s']:.2f} "
                          f"| {f['observe_s']:.2f} | {f['memory_mib_median']:.0f} |")  # fmt: skip
+    if len(arms) == 2:
+        by = {(r["arm"], r["task"], r["play"]): r for r in rows}
+        lines += ["", "| task | play | screens after set-up, gVisor vs QEMU | after the last "
+                  "action |", "|---|---|---|---|"]  # fmt: skip
+        for r in (r for r in rows if r["arm"] == "gvisor"):
+            q = by[("qemu", r["task"], r["play"])]
+            lines.append(f"| {r['task']} | {r['play']} "
+                         f"| {compared(r['first_screen'], q['first_screen'])} "
+                         f"| {compared(r['last_screen'], q['last_screen'])} |")  # fmt: skip
     print("\n".join(lines))
     if args.out:
-        record = {"image": built.digest, "rows": rows, "forks": forks}
-        args.out.write_text(json.dumps(record, indent=2))
+        kept = [{k: v for k, v in r.items() if not k.endswith("_screen")} for r in rows]
+        args.out.write_text(json.dumps({"image": built.digest, "rows": kept, "forks": forks},
+                                       indent=2))  # fmt: skip
     return 1 if wrong or not all(f["valid"] for f in forks.values()) else 0
 
 

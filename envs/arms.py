@@ -55,9 +55,17 @@ def open_arm(
         raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
     host_args = []
     if arm.get("world", "pillow") == "xdesktop":
-        if sandbox != "gvisor":
-            raise ArmError("world xdesktop runs in gVisor sandboxes (sandbox: gvisor)")
+        if sandbox == "process":
+            raise ArmError("world xdesktop runs in gVisor sandboxes or QEMU VMs, not processes")
         host_args = ["--world", "xdesktop", "--rootfs", _xdesktop_root(arm.get("rootfs"))]
+    client = {}
+    if sandbox == "qemu":
+        if arm.get("world") != "xdesktop" or arm.get("mode") != "restore":
+            raise ArmError("sandbox qemu runs the X desktop in restore mode (world: xdesktop, "
+                           "mode: restore): a VM cannot fork")  # fmt: skip
+        # A guest under TCG starts an application in tens of seconds, not a sandbox's few.
+        host_args += ["--create-timeout", "600", "--step-timeout", "60"]
+        client = {"create_timeout_s": 660.0, "step_timeout_s": 90.0}
     try:  # no token, an unreachable host, a refused token: one line, before any work is done
         with connect(
             arm["url"],
@@ -67,6 +75,7 @@ def open_arm(
             token_file=arm.get("token_file"),
             log_path=log_path,
             allow_faults=allow_faults,
+            **client,
         ) as backend:
             backend.preflight()
             yield backend

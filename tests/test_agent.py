@@ -130,7 +130,8 @@ def tiny(task_set, tmp_path_factory):
 def test_a_demonstration_runs_through_the_model_with_every_screenshot(task_set, tiny):
     import torch
 
-    from envab.trainer.sft import demonstration, demonstration_collator
+    from envab.trainer.sft import demonstration
+    from envab.trainer.warm_start import demonstration_collator
 
     model, processor = tiny
     tasks, solutions = task_set

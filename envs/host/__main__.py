@@ -1,5 +1,5 @@
-"""python -m envab.envs.host --mode fork|restore --port P --token-file F [--sandbox gvisor|process]
-[--allow-faults]"""
+"""python -m envab.envs.host --mode fork|restore --port P --token-file F
+[--sandbox gvisor|process|qemu] [--world pillow|xdesktop] [--allow-faults]"""
 
 from __future__ import annotations
 
@@ -41,14 +41,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=SANDBOXES,
         default="gvisor",
         help="where each environment runs: a gVisor sandbox forked by checkpoint and restore "
-        "(default; needs Debian's runsc, as root), or a plain process forked with os.fork",
+        "(default; needs Debian's runsc, as root), a plain process forked with os.fork, or "
+        "(the X desktop, restore mode) a QEMU VM reset by loadvm of a warm snapshot",
     )
     p.add_argument("--sandbox-dir", help="checkpoint images and runsc state (default: a temp dir)")
     p.add_argument(
         "--world",
         choices=WORLDS,
         default="pillow",
-        help="the desktop: the Pillow desktop (default) or the real X desktop (gvisor only)",
+        help="the desktop: the Pillow desktop (default) or the real X desktop (gvisor or qemu)",
     )
     p.add_argument("--rootfs", help="the X desktop's root (python -m envab.envs.xdesktop.image)")
     # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.

@@ -8,8 +8,10 @@ worker is stopped, later steps are refused, and verify reports the verdict and t
 The checker runs here, in the host process, on state read back from the worker.
 
 Where a worker runs is the host's `sandbox`: `gvisor` (each environment in its own gVisor sandbox,
-forked by checkpoint and restore: `envab.envs.host.gvisor`), or `process` (each a plain process
-forked from a zygote with os.fork: no isolation, the fastest fork there is).
+forked by checkpoint and restore: `envab.envs.host.gvisor`), `process` (each a plain process
+forked from a zygote with os.fork: no isolation, the fastest fork there is), or, for the real X
+desktop in restore mode, `qemu` (each a QEMU VM reset by `loadvm` of a warm snapshot:
+`envab.envs.xdesktop.qemu`, the same files as the gVisor sandboxes' root).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from envab.hashing import sha256_json
 log = logging.getLogger(__name__)
 
 MODES = ("restore", "fork")
-SANDBOXES = ("gvisor", "process")
+SANDBOXES = ("gvisor", "process", "qemu")
 WORLDS = ("pillow", "xdesktop")  # the Pillow desktop, or the real X desktop (envs/xdesktop)
 XDESKTOP_SERVER = ["/usr/bin/python3", "/opt/envab/xdesktop/server.py", "--stdio"]
 # Not `-m envab.envs.host.worker`: the package imports the worker module before runpy would run it.
@@ -104,8 +106,12 @@ class HostConfig:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
         if self.world not in WORLDS:
             raise ValueError(f"world must be one of {WORLDS}, got {self.world!r}")
-        if self.world == "xdesktop" and (self.sandbox != "gvisor" or not self.rootfs):
+        if self.world == "xdesktop" and self.sandbox == "gvisor" and not self.rootfs:
             raise ValueError("the X desktop runs in a gVisor sandbox on its built root (rootfs)")
+        if self.world == "xdesktop" and self.sandbox == "process":
+            raise ValueError("the X desktop runs in a gVisor sandbox or a QEMU VM, not a process")
+        if self.sandbox == "qemu" and (self.world != "xdesktop" or self.mode != "restore"):
+            raise ValueError("sandbox qemu runs the X desktop in restore mode (a VM cannot fork)")
         if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
@@ -118,7 +124,7 @@ class Environment:
     pid: int | None
     expected_sha256: str | None  # the state it must start in (None: the task names none)
     parent: str | None = None
-    sandbox: Sandbox | None = None  # gvisor: the sandbox the worker runs in
+    sandbox: Sandbox | None = None  # gvisor or qemu: the sandbox (or VM) the worker runs in
     sandbox_audit: dict | None = None  # its last account, kept once it is stopped
     faults: Faults = field(default_factory=Faults)
     generation: int = 0
@@ -199,23 +205,32 @@ class Pool:
         self._zygote: Channel | None = None
         self._zygote_proc: subprocess.Popen | None = None
         self.zygote_pid: int | None = None
-        self.gvisor: Gvisor | None = None
+        self.sandboxes: Gvisor | None = None  # or a QemuDesktops: the same calls
         self.tasks = _served_tasks(config.tasks)
 
     # --- life cycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.config.sandbox == "qemu":
+            from envab.envs.xdesktop.qemu import QemuDesktops
+
+            self.sandboxes = QemuDesktops(self.config.sandbox_dir, self.config.create_timeout_s)
+            self.sandboxes.probe()
+            log.info("QEMU VMs under %s (mode restore)", self.sandboxes.workdir)
+            return
         if self.config.sandbox == "gvisor":
             argv = [sys.executable, "-c", _ZYGOTE, "--stdio", "--mode", self.config.mode,
                     "--desktop", self.config.desktop]  # fmt: skip
             root = None
             if self.config.world == "xdesktop":
                 argv, root = XDESKTOP_SERVER, self.config.rootfs
-            self.gvisor = Gvisor(
+            self.sandboxes = Gvisor(
                 self.config.sandbox_dir, argv, self.config.create_timeout_s, root=root
             )
-            self.gvisor.probe()  # a worker that cannot start in a sandbox stops the host here
-            log.info("gVisor sandboxes under %s (mode %s)", self.gvisor.workdir, self.config.mode)
+            self.sandboxes.probe()  # a worker that cannot start in a sandbox stops the host here
+            log.info(
+                "gVisor sandboxes under %s (mode %s)", self.sandboxes.workdir, self.config.mode
+            )
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [
@@ -240,8 +255,8 @@ class Pool:
         for env_id in list(self._envs):
             self.close(env_id)
         self._stop_zygote()
-        if self.gvisor is not None:
-            self.gvisor.close()
+        if self.sandboxes is not None:
+            self.sandboxes.close()
 
     def _stop_zygote(self) -> None:
         if self._zygote is not None:
@@ -292,7 +307,7 @@ class Pool:
             expected_sha256=task["evaluator"].get("initial_state_sha256"),
             faults=armed,
         )
-        if self.gvisor is not None:
+        if self.sandboxes is not None:
             self._sandboxed(env, size)
         else:
             with self._zygote_lock:
@@ -356,7 +371,7 @@ class Pool:
                 )
             t0 = time.perf_counter()
             try:
-                if self.gvisor is not None:
+                if self.sandboxes is not None:
                     spawned = self._fork_sandbox(parent, n)
                 else:
                     spawned = [(*s, None) for s in self._spawn(parent.channel, n, None)]
@@ -527,8 +542,8 @@ class Pool:
                 raise BadRequest(f"cannot prepare the desktop: {reply['error']}")
 
         try:
-            image = self.gvisor.template(("size", size), prepare)
-            ((sandbox, _),) = self.gvisor.restore(image, 1)
+            image = self.sandboxes.template(("size", size), prepare)
+            ((sandbox, _),) = self.sandboxes.restore(image, 1)
         except (ChannelClosed, ChannelTimeout, RuntimeError, OSError) as e:
             log.error("environment %s: no sandbox: %s", env.env_id, e)
             env.failed_gates.append(str(Gate.WORKER_ALIVE))
@@ -538,22 +553,22 @@ class Pool:
     def _fork_sandbox(self, parent: Environment, n: int) -> list[tuple]:
         """Checkpoint the parent's sandbox and restore it n + 1 times; the parent carries on in
         the first copy, which must be in the state it was checkpointed in."""
-        (copy, hello), children = self.gvisor.fork(parent.sandbox, n)
+        (copy, hello), children = self.sandboxes.fork(parent.sandbox, n)
         parent.sandbox, parent.channel, parent.pid = copy, copy.channel, copy.pid
         if hello["state_sha256"] != parent.state_sha256:
             for sandbox, _ in children:
-                self.gvisor.stop(sandbox, kill=True)
+                self.sandboxes.stop(sandbox, kill=True)
             self._quarantine(parent, Gate.STATE_HASH)
             raise Quarantined(f"environment {parent.env_id} changed in its checkpoint",
                               parent.failed_gates)  # fmt: skip
         return [(sb.channel, sb.pid, hello, sb) for sb, hello in children]
 
     def _sandbox_audit(self, env: Environment) -> dict:
-        if self.gvisor is None:
+        if self.sandboxes is None:
             return {"runtime": "process", "isolation": "none"}
         if env.sandbox is not None:
             return env.sandbox.audit()
-        return env.sandbox_audit or {"runtime": "gvisor", "container": None}
+        return env.sandbox_audit or {"runtime": self.config.sandbox, "container": None}
 
     def _spawn(self, channel: Channel, n: int, size) -> list[tuple[Channel, int, dict]]:
         """Ask a process to fork n children, each with a fresh channel; returns their hellos."""
@@ -598,7 +613,7 @@ class Pool:
     def _stop_worker(self, env: Environment, kill: bool) -> None:
         if env.sandbox is not None:
             env.sandbox_audit = env.sandbox.audit()
-            self.gvisor.stop(env.sandbox, kill)
+            self.sandboxes.stop(env.sandbox, kill)
             env.sandbox, env.channel = None, None
             return
         if env.channel is None:

@@ -287,7 +287,7 @@ def image_inputs(base_digest: str) -> dict:
 def build_image(rootfs: Path, out: Path) -> dict:
     """Put the project's code into `rootfs`; write root.qcow2, vmlinuz and initrd.img to `out`."""
     require("mkfs.ext4")
-    qemu_img = require("qemu-img")
+    require("qemu-img")
     opt = rootfs / "opt/envab"
     shutil.rmtree(opt, ignore_errors=True)
     for src, dst in GUEST_FILES.items():
@@ -299,6 +299,14 @@ def build_image(rootfs: Path, out: Path) -> dict:
     wants.parent.mkdir(parents=True, exist_ok=True)
     wants.unlink(missing_ok=True)
     wants.symlink_to("/etc/systemd/system/envab-desktop.service")
+    return make_disk(rootfs, out)
+
+
+def make_disk(rootfs: Path, out: Path) -> dict:
+    """The guest's files from `rootfs`: its root as an ext4 disk in root.qcow2, its kernel and
+    initrd beside it; their sha256s."""
+    require("mkfs.ext4")
+    qemu_img = require("qemu-img")
     out.mkdir(parents=True, exist_ok=True)
     for name, pattern in (("vmlinuz", "vmlinuz-*"), ("initrd.img", "initrd.img-*")):
         found = sorted((rootfs / "boot").glob(pattern))

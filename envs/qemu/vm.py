@@ -210,11 +210,14 @@ class GuestAgentChannel(LineChannel):
 class VM:
     """A running QEMU process restored from `warm`, with its monitor and agent channel."""
 
-    def __init__(self, spec: VMSpec, warm: Path, run_dir: Path):
+    def __init__(self, spec: VMSpec, warm: Path, run_dir: Path, channel=None):
         self.spec, self.warm, self.run_dir = spec, warm, run_dir
+        # What speaks on the desktop's port: the Pillow desktop agent's JSON lines by default,
+        # or another protocol's channel class, made from the socket's path.
+        self.channel = channel or AgentChannel
         self.proc: subprocess.Popen | None = None
         self.qmp: QEMUMonitorProtocol | None = None
-        self.agent: AgentChannel | None = None
+        self.agent = None
         self.guest_agent: GuestAgentChannel | None = None
 
     def launch(self, loadvm: str | None) -> None:
@@ -238,7 +241,7 @@ class VM:
             time.sleep(0.02)
         self.qmp = QEMUMonitorProtocol(str(self.run_dir / "qmp.sock"))
         self.qmp.connect()
-        self.agent = AgentChannel(self.run_dir / "agent.sock")
+        self.agent = self.channel(self.run_dir / "agent.sock")
         self.guest_agent = GuestAgentChannel(self.run_dir / "qga.sock")
 
     # --- monitor ----------------------------------------------------------------------------

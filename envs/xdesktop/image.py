@@ -7,11 +7,14 @@ applications (the Mousepad text editor), the tools the in-environment server dri
 with (xdotool, x11-utils), the host's exact Pillow and pyautogui (wheels, pinned), and the
 in-environment server (`envs/xdesktop/server.py`) at /opt/envab/xdesktop/server.py. The folder is
 the root of every gVisor sandbox of the X desktop, mounted read-only (each sandbox writes to its
-own memory), so every environment starts from the same files.
+own memory), so every environment starts from the same files; and, as an ext4 disk with its own
+kernel, the QEMU arm's guest (envs/xdesktop/qemu.py), where systemd starts the same server on a
+virtio-serial port: both arms run the same files.
 
 Two stages under the cache folder: `base/<digest>` (debootstrap and wheels; keyed by the suite,
 the package list, the wheels and RECIPE) and `image.json` beside it (the base plus the server;
-keyed by the base digest and the server's sha256), whose digest names the image in receipts.
+keyed by the base digest and the sha256 of the server and its systemd unit), whose digest names
+the image in receipts.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 import PIL
 
 from envab.envs.qemu.image import (
+    MASKED,
     MIRROR,
     SUITE,
     BuildError,
@@ -44,6 +48,20 @@ from envab.io import atomic_write_json
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).with_name("server.py")
+UNIT = Path(__file__).with_name("envab-xdesktop.service")
+GUEST_PACKAGES = (
+    "linux-image-amd64",
+    "initramfs-tools",
+    "systemd-sysv",
+    "udev",
+    "kmod",
+    "qemu-guest-agent",
+)
+# A QEMU guest's writable folders, in its memory as a gVisor sandbox's are (envs/host/gvisor.py):
+# the root disk stays read-only and shared by every VM.
+FSTAB = """tmpfs /tmp tmpfs mode=1777 0 0
+tmpfs /root tmpfs mode=0700 0 0
+"""
 PACKAGES = (
     "python3",
     "python3-tk",  # pyautogui imports mouseinfo, which exits without tkinter
@@ -58,6 +76,9 @@ PACKAGES = (
     "dbus-x11",  # the session bus GTK's settings (dconf) ask for; debootstrap picks no virtuals
     "fonts-dejavu-core",
     "procps",
+    # The same folder is the QEMU arm's guest (envs/xdesktop/qemu.py): a kernel, and the init
+    # that starts the server on its virtio-serial port. A gVisor sandbox runs none of them.
+    *GUEST_PACKAGES,
 )
 # pyautogui and what it imports on Linux, pure-Python wheels (pip wheel), pinned.
 WHEELS = (
@@ -71,7 +92,7 @@ WHEELS = (
     "python3-xlib==0.15",
     "pytweening==1.2.0",
 )
-RECIPE = 1
+RECIPE = 2  # 2: the QEMU guest's packages, masked units and tmpfs mounts
 SITE = "usr/local/lib/python3.11/dist-packages"
 # Which application opens what (xdg-open of a text file opens Mousepad).
 MIMEAPPS = """[Default Applications]
@@ -93,6 +114,8 @@ def base_inputs() -> dict:
         "packages": sorted(PACKAGES),
         "wheels": sorted(WHEELS),
         "pillow": PIL.__version__,
+        "masked": sorted(MASKED),
+        "fstab": FSTAB,
     }
 
 
@@ -129,7 +152,12 @@ def build_base(cache: Path, rootfs: Path) -> dict:
     apps = rootfs / "usr/share/applications"
     apps.mkdir(parents=True, exist_ok=True)
     (apps / "mimeapps.list").write_text(MIMEAPPS)
-    (rootfs / "etc/hostname").write_text("envab-desktop\n")
+    (rootfs / "etc/hostname").write_text("env\n")  # a gVisor sandbox's hostname
+    (rootfs / "etc/fstab").write_text(FSTAB)
+    for unit in MASKED:  # services a restored guest does not need, as the QEMU arm's Pillow guest
+        link = rootfs / "etc/systemd/system" / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
     (rootfs / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
     for cache_dir in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc",
                       "usr/share/man"):  # fmt: skip
@@ -162,15 +190,22 @@ def ensure_desktop(cache: Path = REPO / "build" / "xdesktop", log=print) -> Buil
             built["build_s"] = round(time.monotonic() - t0, 1)
             record = {"digest": base_digest, "inputs": base_inputs(), **built}
             atomic_write_json(base_record, record)
-        server = {"path": "opt/envab/xdesktop/server.py", "sha256": sha256_file(SERVER)}
-        digest = sha256_json({"base": base_digest, "server": server})
+        files = {
+            "server": {"path": "opt/envab/xdesktop/server.py", "sha256": sha256_file(SERVER)},
+            "unit": {"path": f"etc/systemd/system/{UNIT.name}", "sha256": sha256_file(UNIT)},
+        }
+        digest = sha256_json({"base": base_digest, **files})
         record_path = base_dir / "image.json"
         if not record_path.is_file() or _load(record_path).get("digest") != digest:
-            target = rootfs / server["path"]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(SERVER, target)
-            atomic_write_json(record_path, {"digest": digest, "base": base_digest,
-                                            "server": server})  # fmt: skip
+            for name, source in (("server", SERVER), ("unit", UNIT)):
+                target = rootfs / files[name]["path"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+            wants = rootfs / "etc/systemd/system/multi-user.target.wants" / UNIT.name
+            wants.parent.mkdir(parents=True, exist_ok=True)
+            wants.unlink(missing_ok=True)
+            wants.symlink_to(f"/etc/systemd/system/{UNIT.name}")
+            atomic_write_json(record_path, {"digest": digest, "base": base_digest, **files})
         return Built(digest, rootfs, _load(record_path))
 
 

@@ -15,7 +15,8 @@ Two ways in, one set of handlers:
 - `--stdio`: the env-ab host's channel over standard input and output (a gVisor sandbox has no
   network): length-prefixed pickles, the same operations as the Pillow desktop's worker
   (prepare, hello, init, arm, step, observe, state, close) plus `http`, which carries one raw
-  request to the handlers above (the host relays OSWorld's getters through it).
+  request to the handlers above (the host relays OSWorld's getters through it);
+- `--port NAME`: the same channel over a virtio-serial port (a QEMU guest, started by systemd).
 
 Every screenshot carries its frame number (the environment's step count), as the host's gates
 expect; the fault switches are the worker's (kill, stall, blank, stale, corrupt restore).
@@ -24,6 +25,7 @@ expect; the fault switches are the worker's (kill, stall, blank, stale, corrupt 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import email.parser
 import hashlib
 import io
@@ -45,7 +47,9 @@ from urllib.parse import parse_qs, urlsplit
 DISPLAY = ":0"
 HOME = Path(os.environ.get("HOME", "/root"))
 SETTLE_S = 1.0  # the longest a step waits for the screen to stop changing
-WINDOW_WAIT_S = 20.0  # the longest a set-up step waits for a window to appear
+# The longest a set-up step waits for a window: Mousepad takes 5 s in a gVisor sandbox here, and
+# 30 to 90 s in a QEMU guest under TCG (more when the machine is busy).
+WINDOW_WAIT_S = 300.0
 _HEADER = struct.Struct("!I")
 
 
@@ -443,18 +447,40 @@ class Environment:
 
 
 def serve_stdio(env: Environment) -> None:
-    """The host's channel: length-prefixed pickles over fds 0 and 1 (both ends are env-ab's)."""
+    """The host's channel over fds 0 and 1 (a gVisor sandbox's standard input and output)."""
     out = os.dup(1)
     os.dup2(2, 1)  # a stray print must not land in the channel
     sys.stdout = sys.stderr
+    serve_frames(env, 0, out, on_eof=lambda: os._exit(0))  # the host closed us
+
+
+def serve_port(env: Environment, name: str) -> None:
+    """The host's channel over a virtio-serial port (a QEMU guest): the same frames. A read of
+    nothing means the host end is not connected (between a restore and the host's connect):
+    wait for it rather than exit."""
+
+    def found() -> str | None:  # the device by its name in sysfs: no wait for udev's symlink
+        for named in Path("/sys/class/virtio-ports").glob("*/name"):
+            if named.read_text().strip() == name:
+                return f"/dev/{named.parent.name}"
+        return None
+
+    wait_for(found, 120, f"virtio-serial port {name}")
+    fd = os.open(found(), os.O_RDWR)
+    serve_frames(env, fd, fd, on_eof=lambda: time.sleep(0.05))
+
+
+def serve_frames(env: Environment, rfd: int, wfd: int, on_eof) -> None:
+    """Length-prefixed pickles, one operation each; both ends are env-ab's own processes."""
 
     def read(n: int) -> bytes:
         buf = b""
         while len(buf) < n:
-            select.select([0], [], [])
-            chunk = os.read(0, n - len(buf))
+            select.select([rfd], [], [])
+            chunk = os.read(rfd, n - len(buf))
             if not chunk:
-                os._exit(0)  # the host closed us
+                on_eof()
+                continue
             buf += chunk
         return buf
 
@@ -462,9 +488,11 @@ def serve_stdio(env: Environment) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(_HEADER.pack(len(data)) + data)
         while view:
-            view = view[os.write(out, view) :]
+            view = view[os.write(wfd, view) :]
 
-    send({"pid": os.getpid()})
+    # A port whose host end is not connected yet takes no hello: the host asks for one itself.
+    with contextlib.suppress(BrokenPipeError):
+        send({"pid": os.getpid()})
     while True:
         (size,) = _HEADER.unpack(read(_HEADER.size))
         op, *args = pickle.loads(read(size))
@@ -510,12 +538,15 @@ def main(argv=None) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--stdio", action="store_true")
     where.add_argument("--http", type=int, metavar="PORT")
+    where.add_argument("--port", metavar="NAME", help="a virtio-serial port (a QEMU guest)")
     p.add_argument("--size", help="start the display at WxH (HTTP mode)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     env = Environment(Display())
     if args.stdio:
         serve_stdio(env)
+    elif args.port:
+        serve_port(env, args.port)
     else:
         if args.size:
             env.display.start(*(int(v) for v in args.size.split("x")))
