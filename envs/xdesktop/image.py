@@ -94,6 +94,11 @@ WHEELS = (
 )
 RECIPE = 2  # 2: the QEMU guest's packages, masked units and tmpfs mounts
 SITE = "usr/local/lib/python3.11/dist-packages"
+# GTK's text caret blinks (on and off every 0.6 s for its first 10 s): a screenshot would show it
+# or not by chance. A desktop whose screens are compared across arms keeps it steady.
+GTK_SETTINGS = """[Settings]
+gtk-cursor-blink = false
+"""
 # Which application opens what (xdg-open of a text file opens Mousepad).
 MIMEAPPS = """[Default Applications]
 text/plain=org.xfce.mousepad.desktop
@@ -193,6 +198,7 @@ def ensure_desktop(cache: Path = REPO / "build" / "xdesktop", log=print) -> Buil
         files = {
             "server": {"path": "opt/envab/xdesktop/server.py", "sha256": sha256_file(SERVER)},
             "unit": {"path": f"etc/systemd/system/{UNIT.name}", "sha256": sha256_file(UNIT)},
+            "gtk": {"path": "etc/gtk-3.0/settings.ini", "sha256": sha256_json(GTK_SETTINGS)},
         }
         digest = sha256_json({"base": base_digest, **files})
         record_path = base_dir / "image.json"
@@ -201,6 +207,7 @@ def ensure_desktop(cache: Path = REPO / "build" / "xdesktop", log=print) -> Buil
                 target = rootfs / files[name]["path"]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, target)
+            (rootfs / files["gtk"]["path"]).write_text(GTK_SETTINGS)
             wants = rootfs / "etc/systemd/system/multi-user.target.wants" / UNIT.name
             wants.parent.mkdir(parents=True, exist_ok=True)
             wants.unlink(missing_ok=True)
