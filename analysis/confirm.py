@@ -124,7 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluated_once(
             Store(args.store) if args.store else None,
             key,
-            lambda: play_checkpoint(checkpoint, pins, protocol, tasks, backend, console, "fresh"),
+            lambda: play_checkpoint(
+                checkpoint,
+                pins,
+                protocol,
+                tasks,
+                backend,
+                console,
+                f"fresh episodes on {prereg.evaluation.backend}",
+            ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )
         judged = confirmation(result, prereg.threshold, wanted, protocol.seeds, settings)

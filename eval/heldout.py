@@ -218,10 +218,11 @@ def checked_key(checkpoint, records: str, protocol: Protocol, pins: dict, backen
 
 
 def play_checkpoint(
-    checkpoint, pins: dict, protocol: Protocol, tasks: list[dict], backend: dict, console, kind
+    checkpoint, pins: dict, protocol: Protocol, tasks: list[dict], backend: dict, console, what
 ) -> dict:
-    """Load the checkpoint and play every episode of `protocol`: the result with its wall-clock,
-    the machine's load meanwhile and the generation time."""
+    """Load the checkpoint and play every episode of `protocol` on the evaluation arm (`backend`,
+    its config; the console hears "<n> <what>" first): the result with its wall-clock, the
+    machine's load meanwhile and the generation time."""
     from envab.eval.policy import Policy  # torch is loaded only where episodes are played
 
     started, snapshot = time.perf_counter(), machine_load.Snapshot.now()
@@ -229,7 +230,7 @@ def play_checkpoint(
     # Its files were checked against the run's record just before (checked_key).
     policy = Policy(checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
     episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
-    console.say(f"{episodes} {kind} episodes on {backend['backend']}")
+    console.say(f"{episodes} {what}")
     progress = EpisodeProgress(console, episodes)
     with open_arm(backend) as arm:
         result = evaluate(policy, arm, tasks, protocol, log=progress.episode)
@@ -273,7 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             Store(args.store) if args.store else None,
             key,
             lambda: play_checkpoint(
-                args.checkpoint, pins, protocol, tasks, backend, console, "held-out"
+                args.checkpoint,
+                pins,
+                protocol,
+                tasks,
+                backend,
+                console,
+                f"held-out episodes on {prereg.evaluation.backend}",
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
         )
