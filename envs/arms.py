@@ -57,7 +57,12 @@ def open_arm(
     if arm.get("world", "pillow") == "xdesktop":
         if sandbox == "process":
             raise ArmError("world xdesktop runs in gVisor sandboxes or QEMU VMs, not processes")
-        host_args = ["--world", "xdesktop", "--rootfs", _xdesktop_root(arm.get("rootfs"))]
+        host_args = ["--world", "xdesktop"]
+        if sandbox == "gvisor":
+            host_args += ["--rootfs", _xdesktop_root(arm.get("rootfs"))]
+        elif "rootfs" in arm:
+            raise ArmError("rootfs is a gVisor sandbox's root; sandbox qemu boots the disk it "
+                           "makes from build/xdesktop")  # fmt: skip
     client = {}
     if sandbox == "qemu":
         if arm.get("world") != "xdesktop" or arm.get("mode") != "restore":

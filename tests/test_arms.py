@@ -76,6 +76,37 @@ def test_a_drums_embedded_arm_opens_creates_and_verifies():
             True,
             "fault injection needs the embedded host (url: embedded)",
         ),
+        (
+            {
+                "backend": "drums",
+                "url": "embedded",
+                "mode": "fork",
+                "sandbox": "qemu",
+                "world": "xdesktop",
+            },
+            False,
+            "sandbox qemu runs the X desktop in restore mode (world: xdesktop, mode: restore): "
+            "a VM cannot fork",
+        ),
+        (
+            {"backend": "drums", "url": "embedded", "mode": "restore", "sandbox": "qemu"},
+            False,
+            "sandbox qemu runs the X desktop in restore mode (world: xdesktop, mode: restore): "
+            "a VM cannot fork",
+        ),
+        (
+            {
+                "backend": "drums",
+                "url": "embedded",
+                "mode": "restore",
+                "sandbox": "qemu",
+                "world": "xdesktop",
+                "rootfs": "/somewhere",
+            },
+            False,
+            "rootfs is a gVisor sandbox's root; sandbox qemu boots the disk it makes from "
+            "build/xdesktop",
+        ),
     ],
 )
 def test_a_wrong_arm_is_refused_with_one_line_before_anything_starts(arm, faults, message):

@@ -112,6 +112,9 @@ class HostConfig:
             raise ValueError("the X desktop runs in a gVisor sandbox or a QEMU VM, not a process")
         if self.sandbox == "qemu" and (self.world != "xdesktop" or self.mode != "restore"):
             raise ValueError("sandbox qemu runs the X desktop in restore mode (a VM cannot fork)")
+        if self.sandbox == "qemu" and self.rootfs:
+            raise ValueError("sandbox qemu boots the disk it makes from build/xdesktop; --rootfs "
+                             "is a gVisor sandbox's root")  # fmt: skip
         if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
