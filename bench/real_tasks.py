@@ -123,10 +123,10 @@ def forked(pool: Pool, task: dict, n: int) -> dict:
 
 def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], dict, float]:
     """Every play of every task on one arm: the rows, the forks (gVisor only) and the time."""
-    mode = "fork" if sandbox == "gvisor" else "restore"
-    pool = Pool(HostConfig(mode=mode, sandbox=sandbox, world="xdesktop",
-                           rootfs=str(built.rootfs), step_timeout_s=60,
-                           create_timeout_s=300))  # fmt: skip
+    gvisor = sandbox == "gvisor"  # QEMU boots the disk it makes from the same folder
+    pool = Pool(HostConfig(mode="fork" if gvisor else "restore", sandbox=sandbox,
+                           world="xdesktop", rootfs=str(built.rootfs) if gvisor else None,
+                           step_timeout_s=60, create_timeout_s=600))  # fmt: skip
     t0 = time.perf_counter()
     pool.start()
     rows = []
@@ -138,7 +138,7 @@ def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], di
                 print(f"{sandbox} {task['id']} {name}: {r['score']} ({r['verdict']})",
                       file=sys.stderr)  # fmt: skip
         forks = {}
-        if args.fork and mode == "fork":
+        if args.fork and gvisor:
             forks = {t["id"]: forked(pool, t, args.fork) for t in tasks}
     finally:
         pool.stop()
