@@ -181,7 +181,7 @@ class GuestVM:
         memory = tree_pss_bytes(self.vm.proc.pid) if self.vm.alive() else None
         return {
             "runtime": "qemu",
-            "qemu": qemu_version(),
+            "qemu": self.guest.record["inputs"]["qemu"],  # the version the snapshot is bound to
             "accel": self.guest.spec.accel,
             "network": "none",
             "root": "read-only",
