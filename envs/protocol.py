@@ -152,18 +152,33 @@ def checked(checker, evaluator: Mapping, state: Mapping, audit: dict) -> Verific
     """The one rule every backend applies to a checker's answer on state read back from an
     environment: 1.0 or 0.0 is a valid score; a checker that raises, or answers anything else,
     makes the episode invalid (verifier_unavailable) with no score, never a 0.
-    `audit["checker_failure"]` ("crash" | "bad_score") and `audit["checker_error"]` say which."""
+    `audit["checker_failure"]` ("crash" | "bad_score") and `audit["checker_error"]` say which.
+
+    A checker that declares `partial_credit` (OSWorld's evaluators: a fuzzy metric's ratio, the
+    mean of an `and` list) may answer any fraction in [0, 1]. The contract's reward is 0 or 1, so
+    the episode succeeds only on full credit: the score is 1.0 when the fraction is exactly 1 and
+    0.0 otherwise (a valid failure, not an invalid episode), and the fraction itself is kept as
+    `audit["partial_score"]` so no information is lost and either arm's partial states can be
+    compared later. The rule is the same on every backend and arm, and part of the hashed code."""
     try:
         score = checker(evaluator, state)
     except Exception as e:  # the checker could not run
         audit["checker_failure"] = "crash"
         audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
+    if getattr(checker, "partial_credit", False) and _fraction(score):
+        audit["partial_score"] = float(score)
+        score = 1.0 if score == 1.0 else 0.0
     if score not in (0.0, 1.0):
         audit["checker_failure"] = "bad_score"
         audit["checker_error"] = f"checker returned {score!r}"
         return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
     return Verification(float(score), True, Verdict.VALID, (), dict(audit))
+
+
+def _fraction(score) -> bool:
+    """A real number in [0, 1] (not a bool, not NaN, not a string)."""
+    return isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0
 
 
 def is_blank(image: Image.Image) -> bool:

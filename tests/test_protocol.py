@@ -12,6 +12,7 @@ from envab.envs.protocol import (
     Verdict,
     Verification,
     check_action,
+    checked,
     is_blank,
     verdict_for,
 )
@@ -97,8 +98,6 @@ def test_blank_means_a_single_colour():
 
 
 def test_the_one_checker_rule_never_scores_a_failure_zero():
-    from envab.envs.protocol import checked
-
     def crash(evaluator, state):
         raise KeyError("widget")
 
@@ -110,3 +109,21 @@ def test_the_one_checker_rule_never_scores_a_failure_zero():
         assert (result.valid, result.score, result.verdict) == (False, None, "verifier_unavailable")
         assert result.failed_gates == ("verifier_available",)
         assert audit["checker_failure"] == failure and audit["checker_error"]
+
+
+def test_partial_credit_is_full_credit_or_a_valid_zero_and_the_fraction_is_kept():
+    def osworld(answer):
+        checker = lambda e, s: answer  # noqa: E731
+        checker.partial_credit = True  # as envs/xdesktop/evaluate.py declares
+        return checker
+
+    for answer, score in ((1.0, 1.0), (1, 1.0), (0.9375, 0.0), (0.0, 0.0)):
+        audit = {}
+        result = checked(osworld(answer), {}, {}, audit)
+        assert (result.valid, result.score, result.verdict) == (True, score, "valid")
+        assert result.audit["partial_score"] == answer
+    for answer in (1.5, -0.1, float("nan"), "1.0", None):
+        audit = {}
+        result = checked(osworld(answer), {}, {}, audit)
+        assert (result.valid, result.score) == (False, None), answer
+        assert audit["checker_failure"] == "bad_score" and "partial_score" not in audit

@@ -132,6 +132,29 @@ def test_a_fork_of_a_running_desktop_starts_in_its_state_then_each_copy_goes_its
         pool.close(env["env_id"])
 
 
+def test_partial_credit_is_a_valid_failure_that_keeps_its_fraction(pool, tasks):
+    """OSWorld's `and` over a list averages its metrics and a fuzzy metric answers a ratio; the
+    contract's reward is 0 or 1, so anything short of full credit is a valid 0 whose fraction
+    stays in the audit (envs/protocol.py: checked)."""
+    task = json.loads(json.dumps(tasks[0][TASK_ID]))
+    task["evaluator"].update(
+        func=["check_include_exclude", "fuzzy_match"],
+        conj="and",
+        result=[task["evaluator"]["result"]] * 2,
+        expected=[
+            {"type": "rule", "rules": {"include": ["buy"], "exclude": []}},
+            {"type": "rule", "rules": {"expected": "buy milk"}},
+        ],
+    )
+    env = pool.create(task)
+    play(pool, env, tasks[1][TASK_ID]["near_misses"][1]["actions"])  # "buy silk", saved
+    verdict = pool.verify(env["env_id"])
+    assert (verdict["valid"], verdict["score"], verdict["verdict"]) == (True, 0.0, "valid")
+    # the mean of 1.0 (includes "buy") and the fuzzy ratio of "buy silk" to "buy milk"
+    assert 0.75 < verdict["audit"]["partial_score"] < 1.0, verdict["audit"]
+    pool.close(env["env_id"])
+
+
 def test_an_evaluator_this_desktop_cannot_serve_is_verifier_unavailable(pool, tasks):
     task = json.loads(json.dumps(tasks[0][TASK_ID]))
     task["evaluator"]["result"] = {"type": "accessibility_tree"}  # no accessibility bus here

@@ -47,6 +47,7 @@ class Attempt:
     trusted: bool | None = None  # the verifier's audit: None when it sent none (protocol.py)
     audit_flags: tuple[str, ...] = ()
     sandbox: dict | None = None  # where the environment ran, as the host's audit says (gVisor)
+    partial_score: float | None = None  # an OSWorld evaluator's fraction behind a 0 or 1 score
 
     @property
     def valid(self) -> bool:

@@ -209,6 +209,7 @@ class ArmEnvironment:
             trusted=verification.trusted,
             audit_flags=verification.audit_flags,
             sandbox=verification.audit.get("sandbox"),
+            partial_score=verification.audit.get("partial_score"),
         )
         self.run.ledger.record(attempt, self.run.step)
         return attempt.reward

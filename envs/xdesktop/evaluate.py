@@ -198,3 +198,4 @@ def check(evaluator: Mapping, state) -> float:
 
 
 check.reads_environment = True  # the host passes the environment itself (envs/host/pool.py)
+check.partial_credit = True  # OSWorld's metrics may answer a fraction (envs/protocol.py: checked)
