@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,7 +48,29 @@ class Check:
         return f"{self.status:<9} {self.path}  ({self.role} of {self.receipt})"
 
 
-def _check_digest(entry: dict, root: Path, receipt: str, role: str) -> Check:
+class Digests:
+    """sha256 of files, each read once however many receipts name it, hashed in parallel
+    (hashlib releases the GIL on large updates, so threads use every core)."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or os.cpu_count() or 1
+        self._known: dict[Path, str] = {}
+
+    def prefetch(self, paths) -> None:
+        todo = sorted({p for p in paths if p not in self._known and p.is_file()})
+        if len(todo) <= 1 or self.workers == 1:
+            self._known.update((p, sha256_file(p)) for p in todo)
+            return
+        with ThreadPoolExecutor(self.workers) as pool:
+            self._known.update(zip(todo, pool.map(sha256_file, todo), strict=True))
+
+    def __call__(self, path: Path) -> str:
+        if path not in self._known:
+            self._known[path] = sha256_file(path)
+        return self._known[path]
+
+
+def _check_digest(entry: dict, root: Path, receipt: str, role: str, digests: Digests) -> Check:
     name = entry.get("name", "?")
     expected = entry.get("digest", {}).get("sha256")
     path = root / name
@@ -55,29 +78,36 @@ def _check_digest(entry: dict, root: Path, receipt: str, role: str) -> Check:
         return Check("MALFORMED", name, receipt, role)
     if not path.is_file():
         return Check("MISSING", name, receipt, role, expected)
-    status = "ok" if sha256_file(path) == expected else "MISMATCH"
+    status = "ok" if digests(path) == expected else "MISMATCH"
     return Check(status, name, receipt, role, expected)
 
 
-def _checkpoint_files(records: Path, root: Path, receipt: str) -> list[Check]:
-    """The files every line of a checkpoints.jsonl records, checked against their digests."""
-    checks = []
+def _checkpoint_entries(records: Path, root: Path) -> list[dict | None]:
+    """What a checkpoints.jsonl lists: an entry per checkpoint file, None for a malformed line."""
+    entries = []
     for line in records.read_text().splitlines():
         try:
             entry = json.loads(line)
             folder = records.parent / "checkpoints" / entry["checkpoint"]
             files = entry["files"].items()
         except (ValueError, KeyError, AttributeError):
-            name = records.relative_to(root).as_posix() if records.is_relative_to(root) else records
-            checks.append(Check("MALFORMED", str(name), receipt, "checkpoint file"))
+            entries.append(None)
             continue
         for relative, digest in sorted(files):
             name = (folder / relative).relative_to(root).as_posix()
-            checks.append(
-                _check_digest(
-                    {"name": name, "digest": {"sha256": digest}}, root, receipt, "checkpoint file"
-                )
-            )
+            entries.append({"name": name, "digest": {"sha256": digest}})
+    return entries
+
+
+def _checkpoint_files(records: Path, root: Path, receipt: str, digests: Digests) -> list[Check]:
+    """The files every line of a checkpoints.jsonl records, checked against their digests."""
+    checks = []
+    for entry in _checkpoint_entries(records, root):
+        if entry is None:
+            name = records.relative_to(root).as_posix() if records.is_relative_to(root) else records
+            checks.append(Check("MALFORMED", str(name), receipt, "checkpoint file"))
+        else:
+            checks.append(_check_digest(entry, root, receipt, "checkpoint file", digests))
     return checks
 
 
@@ -91,17 +121,44 @@ def verify_dir(receipts: str | Path, root: str | Path = ".") -> list[Check]:
     return verify_receipts(files, root)
 
 
-def verify_receipts(files: list[Path], root: str | Path = ".") -> list[Check]:
-    """Every check for each receipt file in `files`."""
+def verify_receipts(
+    files: list[Path], root: str | Path = ".", workers: int | None = None
+) -> list[Check]:
+    """Every check for each receipt file in `files`. Every file the receipts (and the
+    checkpoints.jsonl among their subjects) name is hashed first, once, in parallel; the checks
+    then read the digests in the receipts' order."""
     root = Path(root)
-    checks = []
+    statements: list[tuple[str, dict | None]] = []
     for file in files:
         name = Path(file).as_posix()
-        if not Path(file).is_file():
+        try:
+            statements.append((name, read_receipt(file) if Path(file).is_file() else None))
+        except (ValueError, KeyError, TypeError):
+            statements.append((name, {}))
+    digests = Digests(workers)
+    named = [
+        root / entry["name"]
+        for _, statement in statements
+        if isinstance(statement, dict)
+        for entry in _entries(statement)
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+    ]
+    digests.prefetch(named)
+    listed = [
+        root / entry["name"]
+        for path in named
+        if path.name == "checkpoints.jsonl" and path.is_file()
+        for entry in _checkpoint_entries(path, root)
+        if entry is not None
+    ]
+    digests.prefetch(listed)
+
+    checks = []
+    for name, statement in statements:
+        if statement is None:
             checks.append(Check("MISSING", name, name, "receipt"))
             continue
         try:
-            statement = read_receipt(file)
             subjects = statement["subject"]
             depends_on = statement["predicate"]["depends_on"]
             recorded = statement["predicate"]["statement_sha256"]
@@ -111,12 +168,21 @@ def verify_receipts(files: list[Path], root: str | Path = ".") -> list[Check]:
             continue
         checks.append(Check("ok" if intact else "MISMATCH", name, name, "receipt", recorded))
         for subject_entry in subjects:
-            check = _check_digest(subject_entry, root, name, "subject")
+            check = _check_digest(subject_entry, root, name, "subject", digests)
             checks.append(check)
             if check.ok and Path(check.path).name == "checkpoints.jsonl":
-                checks += _checkpoint_files(root / check.path, root, name)
-        checks += [_check_digest(d, root, name, "depends_on") for d in depends_on]
+                checks += _checkpoint_files(root / check.path, root, name, digests)
+        checks += [_check_digest(d, root, name, "depends_on", digests) for d in depends_on]
     return checks
+
+
+def _entries(statement: dict) -> list:
+    """A statement's subjects and dependencies, as far as they can be read (a malformed one is
+    reported by the checks, not here)."""
+    try:
+        return [*statement["subject"], *statement["predicate"]["depends_on"]]
+    except (KeyError, TypeError):
+        return []
 
 
 def verdict(checks: list[Check]) -> str:

@@ -130,6 +130,21 @@ def test_counts_add_up_and_budget_stops_the_run(trained, arm):
 
 
 @pytest.mark.parametrize("arm", ["restore", "drums"])
+def test_each_step_s_wall_clock_is_split_into_its_parts(trained, arm):
+    run, attempts, _, _ = records(trained.root, arm)
+    times = run["step_times"]
+    assert times["steps"] == run["steps"]
+    total = times["total_s"]
+    parts = sum(v for k, v in total.items() if k != "step_s")
+    assert parts == pytest.approx(total["step_s"], rel=1e-3)
+    # the model generated, the arm was called and the loss stepped in every run
+    assert min(total["generation"], total["environment"], total["learning"]) > 0
+    # the environment's share can be no more than the attempts' own environment seconds
+    assert total["environment"] <= sum(a["env_seconds"] for a in attempts) + 0.05
+    assert 0 <= times["overhead_fraction"] < 1
+
+
+@pytest.mark.parametrize("arm", ["restore", "drums"])
 def test_injected_faults_are_invalid_attempts_without_reward(trained, arm):
     run, attempts, checkpoints, _ = records(trained.root, arm)
     expected = dict(ALWAYS)

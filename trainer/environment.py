@@ -41,6 +41,7 @@ from envab.trainer.accounting import Attempt, Ledger
 from envab.trainer.forkgroups import ForkGroups
 from envab.trainer.guards import GuardError, HeldoutGuard
 from envab.trainer.resume import moment
+from envab.trainer.step_times import StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class Run:
     tools: agent.ToolSet
     max_turns: int
     clock: GenerationClock = field(default_factory=GenerationClock)
+    times: StepTimes = field(default_factory=StepTimes)  # where each step's wall-clock goes
     step: int = 0  # the GRPO step being generated (set by the trainer's callback)
 
 
@@ -131,7 +133,8 @@ class ArmEnvironment:
             raise GuardError(f"task {task_id!r} is not in the training split")
         self._close_session()
         moment("env_reset")
-        start = self.run.groups.start(task)
+        with self.run.times.span("environment"):
+            start = self.run.groups.start(task)
         episode = Episode(task, start.session, start.fork_parent, start.env_seconds, utc_now())
         obs = start.session.observation
         # After a prefix the state is the prefix's; the backend checked the initial one.
@@ -165,7 +168,8 @@ class ArmEnvironment:
         ep.actions += 1
         moment("env_step")
         try:
-            obs = ep.session.step(action, generation=ep.session.generation)
+            with self.run.times.span("environment"):
+                obs = ep.session.step(action, generation=ep.session.generation)
         except ValueError as e:  # e.g. off screen; the desktop did not change
             # Every backend refuses with a ValueError (the Drums client's ActionRejected is one,
             # carrying the host's first line), so the policy reads the same note on every arm.
@@ -186,11 +190,12 @@ class ArmEnvironment:
         ep = self.episode
         generation_seconds = self.run.clock.reward_share()
         t0 = time.monotonic()
-        if ep.failed_gates:
-            verification = Verification.invalid(ep.failed_gates)
-        else:
-            verification = ep.session.verify()
-        self._close_session()
+        with self.run.times.span("environment"):
+            if ep.failed_gates:
+                verification = Verification.invalid(ep.failed_gates)
+            else:
+                verification = ep.session.verify()
+            self._close_session()
         ep.env_seconds += time.monotonic() - t0
         attempt = Attempt(
             task_id=ep.task["id"],

@@ -345,6 +345,16 @@ class Accounting(TrainerCallback):
             )
         self.run.step = state.global_step + 1
         self.step_started = time.monotonic()
+        self.run.times.begin_step()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.run.times.enter("learning")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.run.times.leave()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.run.times.end()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         moment("step_end")
@@ -402,6 +412,8 @@ class Accounting(TrainerCallback):
                 "train/inference_s": counters["inference_s"],
                 "train/env_cost_usd": counters["env_cost_usd"],
                 "train/global_step": state.global_step,
+                # the previous step's parts (this one's period ends when the next one begins)
+                **{f"time/{k}": v for k, v in (self.run.times.last() or {}).items()},
             }
         )
 
@@ -503,6 +515,7 @@ def build_trainer(
         callbacks=[callback],
         peft_config=lora_config(args.lora_r) if args.lora_r else None,
         steps_path=journal.records["steps"],
+        step_times=run.times,
     )
     return trainer, callback
 
@@ -662,6 +675,8 @@ def write_record(
         "lost_trajectories": sum(r["lost_trajectories"] for r in restarts),
         "lost_s": sum(r["lost_s"] for r in restarts),
         "downtime_s": sum(r["downtime_s"] for r in restarts),
+        # Where this process's GRPO steps spent their wall-clock (trainer/step_times.py).
+        "step_times": callback.run.times.summary(),
     }
     atomic_write_json(outputs.run, record)
     journal.close(outputs.run.parent)

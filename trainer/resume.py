@@ -42,6 +42,7 @@ from trl.trainer.utils import RepeatSampler
 from envab.io import append_jsonl, atomic_write_json, read_jsonl
 from envab.receipts import utc_now
 from envab.trainer.step_digests import DigestingGRPOTrainer
+from envab.trainer.step_times import StepTimes, TimedGRPOTrainer
 
 RECORDS = ("trajectories", "steps", "checkpoints")  # journal file stems, in Outputs' terms
 
@@ -233,8 +234,13 @@ class EpochSeededSampler(RepeatSampler):
                 torch.randperm(self.num_samples, generator=self.generator)
 
 
-class ResumableGRPOTrainer(DigestingGRPOTrainer):
-    """The run's GRPOTrainer: step digests, and a sampler whose order a resumed run repeats."""
+class ResumableGRPOTrainer(TimedGRPOTrainer, DigestingGRPOTrainer):
+    """The run's GRPOTrainer: step digests, each step's times, and a sampler whose order a
+    resumed run repeats."""
+
+    def __init__(self, *args, step_times: StepTimes, **kwargs):
+        self.step_times = step_times
+        super().__init__(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         moment("generation")
