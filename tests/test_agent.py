@@ -9,6 +9,9 @@ import json
 import os
 import re
 import shutil
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -233,6 +236,7 @@ def make_run(
     screens=None,
     prefix=(),
     settle_s=0.0,
+    parallel=1,
 ):
     ledger = Ledger(
         str(tmp_path / "trajectories.jsonl"),
@@ -247,7 +251,7 @@ def make_run(
         screens or agent.rendered_first_screens(tasks),
         HeldoutGuard(heldout),
         ledger,
-        ForkGroups(backend, group, faults, prefix=prefix, settle_s=settle_s),
+        ForkGroups(backend, group, faults, prefix=prefix, settle_s=settle_s, parallel=parallel),
         tools=COMPUTER_13,
         max_turns=6,
         clock=GenerationClock(),
@@ -263,14 +267,16 @@ def play(env, task_id: str, actions) -> list[list[dict]]:
     return results
 
 
-@pytest.mark.parametrize("mode", ["restore", "fork"])
-def test_oracle_through_the_tools_scores_1_and_is_recorded(tmp_path, task_set, mode, monkeypatch):
+@pytest.mark.parametrize("mode, parallel", [("restore", 1), ("restore", 2), ("fork", 1)])
+def test_oracle_through_the_tools_scores_1_and_is_recorded(
+    tmp_path, task_set, mode, parallel, monkeypatch
+):
     tasks, solutions = task_set
     task_id = sorted(tasks)[0]
     arm = {"backend": "drums", "url": "embedded", "mode": mode}
     monkeypatch.setenv("DRUMS_RECORD", str(tmp_path / "drums-record.jsonl"))
     with open_arm(arm) as backend:
-        run = make_run(tmp_path, backend, {task_id: tasks[task_id]})
+        run = make_run(tmp_path, backend, {task_id: tasks[task_id]}, parallel=parallel)
         cls = environment_class(COMPUTER_13)
         envs = [cls(run), cls(run)]  # one GRPO group of 2
         first = agent.first_screenshot(tasks[task_id])
@@ -484,6 +490,43 @@ def test_a_group_must_be_one_task(task_set):
     groups.start(tasks[a])
     with pytest.raises(RuntimeError, match="GRPO group broken"):
         groups.start(tasks[b])
+
+
+def test_a_group_that_cannot_fork_is_created_side_by_side_in_its_attempts_order(task_set):
+    tasks, _ = task_set
+    task = tasks[sorted(tasks)[0]]
+
+    class SlowRestores:
+        can_fork = False
+
+        def __init__(self):
+            self.lock, self.open, self.most, self.closed = threading.Lock(), 0, 0, []
+
+        def create(self, task, faults=None):
+            with self.lock:
+                self.open += 1
+                self.most = max(self.most, self.open)
+            time.sleep(0.2)
+            with self.lock:
+                self.open -= 1
+            if (faults or {}).get("fail"):
+                raise RuntimeError("out of machines")
+            return types.SimpleNamespace(
+                faults=faults, env_id=len(self.closed), close=lambda: self.closed.append(1)
+            )
+
+    backend = SlowRestores()
+    groups = ForkGroups(backend, 4, {1: {"blank_at_step": 1}}, parallel=4)
+    starts = [groups.start(task) for _ in range(4)]
+    assert backend.most == 4  # all four restores at once
+    assert [s.session.faults for s in starts] == [None, {"blank_at_step": 1}, None, None]
+    assert all(s.fork_parent is None and 0.2 <= s.env_seconds * 4 < 0.6 for s in starts)
+    failing = ForkGroups(backend, 4, {6: {"fail": True}}, parallel=2)
+    for _ in range(4):
+        failing.start(task)
+    with pytest.raises(RuntimeError, match="out of machines"):
+        failing.start(task)  # the second group: one create fails, the three made are closed
+    assert len(backend.closed) == 3
 
 
 def test_generation_seconds_are_the_batch_span_less_environment_time():

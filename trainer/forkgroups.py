@@ -10,7 +10,9 @@ resets: each run of G consecutive resets is one group, and all of them must name
 
 On an arm whose backend can fork, the first reset of a group creates the parent (the task's
 set-up runs once), forks it into G children and closes it; each reset of the group takes the next
-child. On an arm that cannot fork, each reset creates (restores and sets up) its own session.
+child. On an arm that cannot fork, the first reset of a group creates (restores and sets up) all
+G of its sessions, `parallel` at a time (as a fork host restores its children side by side), and
+each reset takes the next; `parallel=1` creates each session at its own reset instead.
 Either way the backend checks the session's state against the task's
 `evaluator.initial_state_sha256` where the task names one, and the same drop rule applies
 (trainer/environment.py).
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from envab.envs.protocol import Backend, Session, settle
@@ -59,8 +62,10 @@ class ForkGroups:
         group_faults: Mapping[int, Mapping] | None = None,
         prefix: Sequence[Mapping] = (),
         settle_s: float = 0.0,
+        parallel: int = 1,
     ):
         self.backend = backend
+        self.parallel = max(1, min(parallel, group_size))
         self.group_size = group_size
         self.fork = bool(backend.can_fork)
         self.faults = dict(faults or {})
@@ -84,14 +89,37 @@ class ForkGroups:
                 f"GRPO group broken: completion {member} of a group of {self.group_size} is task "
                 f"{task['id']!r}, the group's first was {self._task_id!r}"
             )
-        if not self.fork:
+        if not self.fork and self.parallel == 1:
             t0 = self.clock()
             group = self.group_faults.get(ordinal // self.group_size)
             session = self._create(task, self.faults.get(ordinal), group)
             return Start(session, None, self.clock() - t0)
         if member == 0:
-            self._open_group(task, range(ordinal, ordinal + self.group_size))
+            ordinals = range(ordinal, ordinal + self.group_size)
+            if self.fork:
+                self._open_group(task, ordinals)
+            else:
+                self._create_group(task, ordinals)
         return Start(self._children.pop(0), self._parent, self._share)
+
+    def _create_group(self, task: Mapping, ordinals) -> None:
+        """A group's sessions on an arm that cannot fork, `parallel` created at once, each with
+        its own attempt's faults; handed out in the attempts' order."""
+        for child in self._children:
+            child.close()
+        self._children = []
+        t0 = self.clock()
+        group = self.group_faults.get(ordinals[0] // self.group_size)
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="envab-create") as pool:
+            futures = [pool.submit(self._create, task, self.faults.get(n), group) for n in ordinals]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        sessions = [f.result() for f in futures if f.exception() is None]
+        if failed:  # a configuration error (a refused prefix) or a backend out of machines
+            for session in sessions:
+                session.close()
+            raise failed[0]
+        self._children, self._parent = sessions, None
+        self._share = (self.clock() - t0) / self.group_size
 
     def _open_group(self, task: Mapping, ordinals) -> None:
         for child in self._children:  # a group left unfinished (cannot happen under TRL)

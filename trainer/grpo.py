@@ -108,6 +108,7 @@ class GrpoSettings:
     beta: float
     prefix: tuple = ()  # computer_13 actions played before each group (trainer/forkgroups.py)
     settle_s: float = 0.0
+    parallel_creates: int = 1  # a group's sessions created at once where the arm cannot fork
 
     @property
     def batch_size(self) -> int:  # completions per GRPO step
@@ -609,6 +610,7 @@ def train(args, console: Console) -> dict:
             group_faults=inputs.faults.groups,
             prefix=inputs.settings.prefix,
             settle_s=inputs.settings.settle_s,
+            parallel=inputs.settings.parallel_creates,
         )
         trainer, callback = build_trainer(
             inputs, prepared, ledger, groups, outputs, journal, restart, args, console, tracker
