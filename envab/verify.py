@@ -22,12 +22,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
 from envab.receipts import read_receipt, statement_digest
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ def verdict(checks: list[Check]) -> str:
 
 def checks_frame(checks: list[Check]) -> pd.DataFrame:
     """One row per check: which receipt, what role, the path, the digest it records, the status."""
+    import pandas as pd  # only for the page and the report: a plain verify starts without it
+
     columns = ["receipt", "role", "path", "sha256", "status"]
     return pd.DataFrame([asdict(c) for c in checks], columns=columns)
 
