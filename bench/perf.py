@@ -2,10 +2,13 @@
 default, which functions the trainer spends it in, and how fast `verify` hashes against sha256sum.
 
     python bench/perf.py --out DIR [--valid 160] [--arms qemu drums] [--profile]
+                         [--creates 1 8]
 
-A copy of the workflow in DIR/workflow with the embedded default's arms, model, warm start and
+A copy of the workflow in DIR/workflow-creates<N> with the embedded default's arms, model, warm start and
 GRPO settings, and a budget of --valid valid trajectories (16 per step), trains each arm in turn,
-nothing else running (`snakemake --cores all results/perf/<arm>/seed1/run.json`). Each run's
+nothing else running (`snakemake --cores all results/perf/<arm>/seed1/run.json`); with several
+--creates, one copy per value of `training.grpo.parallel_creates` (how many of a group's sessions
+an arm that cannot fork creates at once), one after another. Each run's
 `run.json: step_times` (trainer/step_times.py) splits every step into generation, environment,
 log-probs, learning and overhead (TRL's rollout glue, and what happens between steps); the table
 gives the steps after the first (which warms up). `--profile` samples each training process with
@@ -38,7 +41,7 @@ PARTS = ("generation", "environment", "logprobs", "learning", "rollout", "betwee
 OWN = re.compile(r"\((?:envab|envs|trainer|eval|analysis)/")  # the project's own frames
 
 
-def workflow_copy(root: Path, valid: int, arms: list[str]) -> None:
+def workflow_copy(root: Path, valid: int, arms: list[str], creates: int) -> None:
     for name in WORKFLOW:
         src = REPO / name
         if src.is_dir():
@@ -48,6 +51,7 @@ def workflow_copy(root: Path, valid: int, arms: list[str]) -> None:
     config_path, target_path = root / "config.yaml", root / "preregistration" / "target.yaml"
     config = yaml.safe_load(config_path.read_text())
     config["arms"] = {arm: config["arms"][arm] for arm in arms}
+    config["training"]["grpo"]["parallel_creates"] = creates
     for spec in config["arms"].values():
         if spec["backend"] == "qemu":
             spec["cache"] = str(REPO / "build" / "qemu")  # the checkout's guest, built once
@@ -202,24 +206,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", default=["qemu", "drums"])
     p.add_argument("--profile", action="store_true", help="sample each training with py-spy")
     p.add_argument("--hash-gib", type=float, default=1.0, help="GiB hashed against sha256sum")
+    p.add_argument(
+        "--creates",
+        nargs="+",
+        type=int,
+        default=[8],
+        help="training.grpo.parallel_creates, one workflow copy each, in this order",
+    )
     args = p.parse_args(argv)
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy: pip install -e .[bench]")
-    root = args.out / "workflow"
-    if root.exists():
-        raise SystemExit(f"{root} exists: give a new --out")
-    root.mkdir(parents=True)
-    workflow_copy(root, args.valid, args.arms)
-    result = {"valid": args.valid, "arms": {}}
-    for arm in args.arms:
-        profile = args.out / f"profile-{arm}.txt" if args.profile else None
-        wall = train(root, arm, profile)
-        run = json.loads((root / "results" / EXP / arm / "seed1" / "run.json").read_text())
-        entry = {"job_wall_s": round(wall, 1), "steps": step_table(run)}
-        if profile is not None and profile.exists():
-            entry["profile"] = profile_summary(profile)
-        result["arms"][arm] = entry
-        print(f"{arm}: trained in {wall:.0f} s (freeze and warm start included on the first)")
+    result = {"valid": args.valid, "creates": args.creates, "arms": {}}
+    roots = []
+    for creates in args.creates:
+        root = args.out / f"workflow-creates{creates}"
+        if root.exists():
+            raise SystemExit(f"{root} exists: give a new --out")
+        root.mkdir(parents=True)
+        workflow_copy(root, args.valid, args.arms, creates)
+        roots.append(root)
+        for arm in args.arms:
+            label = arm if len(args.creates) == 1 else f"{arm}, parallel_creates {creates}"
+            first = root == roots[0]
+            profile = args.out / f"profile-{arm}.txt" if args.profile and first else None
+            wall = train(root, arm, profile)
+            run = json.loads((root / "results" / EXP / arm / "seed1" / "run.json").read_text())
+            entry = {"job_wall_s": round(wall, 1), "steps": step_table(run)}
+            if profile is not None and profile.exists():
+                entry["profile"] = profile_summary(profile)
+            result["arms"][label] = entry
+            print(f"{label}: trained in {wall:.0f} s (freeze and warm start included on the first)")
+    root = roots[0]
     result["verify"] = verify_against_sha256sum(root, args.out / "hashing", args.hash_gib)
     (args.out / "perf.json").write_text(json.dumps(result, indent=2) + "\n")
     print(report(result))
