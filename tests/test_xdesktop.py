@@ -63,7 +63,7 @@ def pool():
 def qemu_pool():
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 not found: the QEMU arm needs it (setup installs it)")
-    config = HostConfig(mode="restore", sandbox="qemu", world="xdesktop",
+    config = HostConfig(mode="restore", sandbox="qemu", world="xdesktop", allow_faults=True,
                         step_timeout_s=60, create_timeout_s=600)  # fmt: skip
     pool = Pool(config)
     pool.start()
@@ -198,3 +198,30 @@ def test_on_qemu_the_same_files_score_the_task_alike_and_show_gvisors_screen(
     diff = ImageChops.difference(first.convert("RGB"), gvisor_first.convert("RGB"))
     changed = sum(px != (0, 0, 0) for px in diff.getdata())
     assert changed == 0, f"{changed} pixels differ, within {diff.getbbox()}"
+
+
+def test_on_qemu_a_killed_machine_is_an_invalid_attempt_and_the_next_create_goes_on(
+    qemu_pool, tasks
+):
+    """The kill fault on the QEMU arm: the environment is the machine, so the guest powers off
+    at once (QEMU exits, the channel closes) and the step fails gate worker_alive, as a killed
+    gVisor sandbox does; no score, and the next create gets a machine again. The task's set-up
+    is left out: opening Mousepad under TCG takes a minute."""
+    task = {
+        **tasks[0][TASK_ID],
+        "config": [{"type": "execute", "parameters": {"command": ["true"]}}],
+    }
+    env = qemu_pool.create(task, faults={"kill_at_step": 1})
+    assert env["valid"], env
+    env = qemu_pool.step(env["env_id"], {"action_type": "TYPING", "parameters": {"text": "x"}}, 0)
+    assert (env["valid"], env["verdict"], env["failed_gates"]) == (
+        False,
+        "env_failure",
+        ["worker_alive"],
+    )
+    verdict = qemu_pool.verify(env["env_id"])
+    assert (verdict["valid"], verdict["score"]) == (False, None)
+    qemu_pool.close(env["env_id"])
+    again = qemu_pool.create(task)
+    assert again["valid"], again
+    qemu_pool.close(again["env_id"])

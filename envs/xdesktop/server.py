@@ -298,6 +298,7 @@ class Environment:
         self.steps = 0
         self.faults: dict = {}
         self.shown: tuple[bytes, int] | None = None
+        self.machine = False  # the environment is a whole machine (a QEMU guest), not a process
 
     def setup(self, config: list) -> None:
         """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate)."""
@@ -411,6 +412,8 @@ class Environment:
             return {"rejected": str(e).splitlines()[0]}
         self.steps += 1
         if self.faults.get("kill_at_step") == self.steps:
+            if self.machine:  # a guest's environment dies with its machine: power off at once
+                Path("/proc/sysrq-trigger").write_text("o")
             os._exit(137)  # a sandbox's init ignores its own SIGKILL: die as abruptly
         if self.faults.get("stall_at_step") == self.steps:
             time.sleep(float(self.faults.get("stall_s", 3600)))
@@ -546,6 +549,7 @@ def main(argv=None) -> None:
     if args.stdio:
         serve_stdio(env)
     elif args.port:
+        env.machine = True
         serve_port(env, args.port)
     else:
         if args.size:
