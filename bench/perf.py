@@ -2,13 +2,15 @@
 default, which functions the trainer spends it in, and how fast `verify` hashes against sha256sum.
 
     python bench/perf.py --out DIR [--valid 160] [--arms qemu drums] [--profile]
-                         [--creates 1 8]
+                         [--creates 1 8] [--cpus none 0:1]
 
-A copy of the workflow in DIR/workflow-creates<N> with the embedded default's arms, model, warm start and
-GRPO settings, and a budget of --valid valid trajectories (16 per step), trains each arm in turn,
-nothing else running (`snakemake --cores all results/perf/<arm>/seed1/run.json`); with several
---creates, one copy per value of `training.grpo.parallel_creates` (how many of a group's sessions
-an arm that cannot fork creates at once), one after another. Each run's
+A copy of the workflow in DIR/workflow-<variant> with the embedded default's arms, model, warm
+start and GRPO settings, and a budget of --valid valid trajectories (16 per step), trains each
+arm in turn, nothing else running (`snakemake --cores all results/perf/<arm>/seed1/run.json`).
+Variants, one copy each, one after another: each value of --creates
+(`training.grpo.parallel_creates`: how many of a group's sessions an arm that cannot fork creates
+at once) with each value of --cpus (`training.cpus`: `none`, or `T:E`, the trainer's CPUs and the
+environments' as comma-separated lists, e.g. `0:1`). Each run's
 `run.json: step_times` (trainer/step_times.py) splits every step into generation, environment,
 log-probs, learning and overhead (TRL's rollout glue, and what happens between steps); the table
 gives the steps after the first (which warms up). `--profile` samples each training process with
@@ -41,7 +43,7 @@ PARTS = ("generation", "environment", "logprobs", "learning", "rollout", "betwee
 OWN = re.compile(r"\((?:envab|envs|trainer|eval|analysis)/")  # the project's own frames
 
 
-def workflow_copy(root: Path, valid: int, arms: list[str], creates: int) -> None:
+def workflow_copy(root: Path, valid: int, arms: list[str], creates: int, cpus: str) -> None:
     for name in WORKFLOW:
         src = REPO / name
         if src.is_dir():
@@ -52,6 +54,12 @@ def workflow_copy(root: Path, valid: int, arms: list[str], creates: int) -> None
     config = yaml.safe_load(config_path.read_text())
     config["arms"] = {arm: config["arms"][arm] for arm in arms}
     config["training"]["grpo"]["parallel_creates"] = creates
+    if cpus != "none":
+        trainer, _, environments = cpus.partition(":")
+        config["training"]["cpus"] = {
+            "trainer": [int(c) for c in trainer.split(",")],
+            "environments": [int(c) for c in environments.split(",")],
+        }
     for spec in config["arms"].values():
         if spec["backend"] == "qemu":
             spec["cache"] = str(REPO / "build" / "qemu")  # the checkout's guest, built once
@@ -213,25 +221,37 @@ def main(argv: list[str] | None = None) -> int:
         default=[8],
         help="training.grpo.parallel_creates, one workflow copy each, in this order",
     )
+    p.add_argument(
+        "--cpus",
+        nargs="+",
+        default=["none"],
+        help="training.cpus per copy: none, or TRAINER:ENVIRONMENTS (e.g. 0:1)",
+    )
     args = p.parse_args(argv)
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy: pip install -e .[bench]")
-    result = {"valid": args.valid, "creates": args.creates, "arms": {}}
+    result = {"valid": args.valid, "creates": args.creates, "cpus": args.cpus, "arms": {}}
+    variants = [(n, cpus) for n in args.creates for cpus in args.cpus]
     roots = []
-    for creates in args.creates:
-        root = args.out / f"workflow-creates{creates}"
+    for creates, cpus in variants:
+        root = args.out / f"workflow-creates{creates}-cpus{cpus.replace(':', '-')}"
         if root.exists():
             raise SystemExit(f"{root} exists: give a new --out")
         root.mkdir(parents=True)
-        workflow_copy(root, args.valid, args.arms, creates)
+        workflow_copy(root, args.valid, args.arms, creates, cpus)
         roots.append(root)
         for arm in args.arms:
-            label = arm if len(args.creates) == 1 else f"{arm}, parallel_creates {creates}"
+            label = arm
+            if len(args.creates) > 1:
+                label += f", parallel_creates {creates}"
+            if len(args.cpus) > 1:
+                label += f", cpus {cpus}"
             first = root == roots[0]
             profile = args.out / f"profile-{arm}.txt" if args.profile and first else None
             wall = train(root, arm, profile)
             run = json.loads((root / "results" / EXP / arm / "seed1" / "run.json").read_text())
             entry = {"job_wall_s": round(wall, 1), "steps": step_table(run)}
+            entry["placement"] = run.get("placement")
             if profile is not None and profile.exists():
                 entry["profile"] = profile_summary(profile)
             result["arms"][label] = entry

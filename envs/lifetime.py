@@ -17,12 +17,15 @@ import threading
 from concurrent.futures import Future
 from functools import partial
 
+from envab.envs.placement import place_child
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _set_pdeathsig(sig: int) -> None:
+def _in_child(sig: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, sig)
+    place_child()  # the environments' CPUs, when the job pinned them (envs/placement.py)
 
 
 class _Starter(threading.Thread):
@@ -34,7 +37,7 @@ class _Starter(threading.Thread):
         while True:
             args, kwargs, sig, done = self.requests.get()
             try:
-                proc = subprocess.Popen(args, preexec_fn=partial(_set_pdeathsig, sig), **kwargs)
+                proc = subprocess.Popen(args, preexec_fn=partial(_in_child, sig), **kwargs)
             except BaseException as e:  # handed to the caller
                 done.set_exception(e)
             else:

@@ -205,12 +205,15 @@ def test_on_qemu_a_killed_machine_is_an_invalid_attempt_and_the_next_create_goes
 ):
     """The kill fault on the QEMU arm: the environment is the machine, so the guest powers off
     at once (QEMU exits, the channel closes) and the step fails gate worker_alive, as a killed
-    gVisor sandbox does; no score, and the next create gets a machine again. The task's set-up
-    is left out: opening Mousepad under TCG takes a minute."""
-    task = {
-        **tasks[0][TASK_ID],
-        "config": [{"type": "execute", "parameters": {"command": ["true"]}}],
-    }
+    gVisor sandbox does; no score, and the next create gets a machine again. The set-up shows a
+    small window instead of the task's editor: opening Mousepad under TCG takes a minute."""
+    tk = "import tkinter as t; r = t.Tk(); "
+    tk += "r.title('envab'); t.Label(r, text='x').pack(); r.mainloop()"
+    window = [
+        {"type": "launch", "parameters": {"command": ["python3", "-c", tk]}},
+        {"type": "activate_window", "parameters": {"window_name": "envab"}},
+    ]
+    task = {**tasks[0][TASK_ID], "config": window}
     env = qemu_pool.create(task, faults={"kill_at_step": 1})
     assert env["valid"], env
     env = qemu_pool.step(env["env_id"], {"action_type": "TYPING", "parameters": {"text": "x"}}, 0)

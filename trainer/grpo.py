@@ -58,6 +58,7 @@ from trl import GRPOConfig
 
 from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
+from envab.envs.placement import PlacementError, pin
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import Budget, Preregistration
@@ -599,6 +600,7 @@ def train(args, console: Console) -> dict:
         },
         directory=args.wandb_dir,
     )
+    placement = place(inputs.pins["training"].get("cpus"))
     started = machine_load.Snapshot.now()
     with open_arm(
         inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
@@ -633,8 +635,21 @@ def train(args, console: Console) -> dict:
     # After the arm is closed, so that its processes' CPU time is counted.
     measured = machine_load.since(started)
     return write_record(
-        inputs, ledger, trainer, callback, environment, measured, args, outputs, journal
+        inputs, ledger, trainer, callback, environment, measured, placement, args, outputs, journal
     )
+
+
+def place(cpus: dict | None) -> dict | None:
+    """training.cpus: the trainer on its CPUs, the arm's processes on theirs (before the arm
+    starts and before torch's threads do their first work)."""
+    if not cpus:
+        return None
+    try:
+        placement = pin(cpus["trainer"], cpus["environments"])
+    except PlacementError as e:
+        raise ConfigError(str(e)) from None
+    torch.set_num_threads(len(placement["trainer"]))
+    return placement
 
 
 # --- 5. write the record -------------------------------------------------------------------------
@@ -647,6 +662,7 @@ def write_record(
     callback: Accounting,
     environment,
     measured: dict,
+    placement: dict | None,
     args,
     outputs: Outputs,
     journal: Journal,
@@ -671,6 +687,7 @@ def write_record(
         "torch_threads": torch.get_num_threads(),
         "environment": environment,
         "load": measured,  # CPU time, load average and steal over the run (envab/machine_load.py)
+        "placement": placement,  # the CPUs of the trainer and of the arm (training.cpus)
         # Each restart after a process of the run died (trainer/resume.py): the attempts lost
         # (lost.jsonl) and their wall-clock, counted above; the downtime, not counted.
         "restarts": restarts,

@@ -228,11 +228,15 @@ class QemuDesktops:
             waiting = self._idle.get(image, [])
             machine = waiting.pop() if waiting else None
         try:
+            if machine is not None:
+                try:
+                    machine.vm.loadvm("warm", timeout=self.timeout_s)
+                    machine.restored = time.monotonic()
+                except VMDied:  # it died while idle: a killed guest powers its machine off
+                    self.stop(machine, kill=True)
+                    machine = None
             if machine is None:
                 machine = self._launch(guest)
-            else:
-                machine.vm.loadvm("warm", timeout=self.timeout_s)
-                machine.restored = time.monotonic()
             hello = _ok(machine.channel.call(("hello",), timeout=self.timeout_s))
         except Exception:
             if machine is not None:
