@@ -5,10 +5,12 @@ gVisor (fork children in the parent's exact state, the fault matrix) is in test_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,26 @@ def test_a_fork_copies_the_sandbox_memory_then_each_copy_is_its_own(sandboxes):
     assert parent.memory_bytes() > 10 * 2**20  # the sandbox's kernel and the worker's memory
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (its sandbox's kernel, gofer and stubs, for runsc)."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                found += kids
+                todo += kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has died)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @needs_gvisor
 def test_a_sandbox_killed_from_outside_is_an_invalid_verdict_and_the_host_goes_on():
     tasks, solutions = build(seed=1, per_family=1)
@@ -129,7 +151,15 @@ def test_a_sandbox_killed_from_outside_is_an_invalid_verdict_and_the_host_goes_o
         env = pool.create(task)
         assert env["valid"]
         audit = pool.verify(env["env_id"])["audit"]
+        sandbox = descendants(audit["worker_pid"])
+        assert sandbox, "runsc has no sandbox below it"
         os.kill(audit["worker_pid"], signal.SIGKILL)  # runsc, and the sandbox attached to it
+        # The sandbox dies with runsc, a moment later: step only once it has (a step sent
+        # before would still be answered, and that race is not what this test is about).
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in sandbox):
+            assert time.monotonic() < deadline, "the sandbox outlived its runsc"
+            time.sleep(0.05)
         after = pool.step(env["env_id"], oracle[0], 0)
         assert (after["valid"], after["verdict"], after["failed_gates"]) == (
             False,
