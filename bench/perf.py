@@ -34,10 +34,9 @@ from collections import Counter
 from pathlib import Path
 
 import yaml
+from soak import WORKFLOW  # the files a workflow copy needs (bench/soak.py)
 
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW = ["Snakefile", "config.yaml", "environment.yaml", "rules", "schemas", "preregistration",
-            "report", "envab", "envs", "trainer", "eval", "analysis"]  # fmt: skip
 EXP = "perf"
 PARTS = ("generation", "environment", "logprobs", "learning", "rollout", "between")
 OWN = re.compile(r"\((?:envab|envs|trainer|eval|analysis)/")  # the project's own frames
