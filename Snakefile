@@ -19,7 +19,12 @@ if Path("config.yaml").is_file():
         sys.exit(f"env-ab: {e}")
 
 
-configfile: "config.yaml"
+# A config named with --configfile (config/qwen3-vl-4b.yaml) replaces config.yaml rather than
+# being merged into it, as Snakemake's --replace-workflow-config would: a real deployment must not
+# inherit the embedded default's arms, tasks or model manifest.
+if not workflow.config_settings.configfiles:
+
+    configfile: "config.yaml"
 
 
 report: "report/workflow.rst"

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.pins).parent
     console = job_console(f"confirm {run_dir.parent.name} {run_dir.name}", args.log)
     try:
-        prereg, tasks, pins = check_inputs(args)
+        prereg, tasks, pins, receipts = check_inputs(args)
         settings = prereg.confirmation
         if settings is None:
             raise ConfigError("the pre-registration has no confirmation section")
@@ -111,14 +111,12 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_json(args.out, record)
             console.say("no accepted crossing: nothing to confirm")
             return 0
-        frozen = Protocol.frozen(
-            prereg.evaluation, pins["training"]["grpo"]["max_completion_length"]
-        )
+        frozen = Protocol.frozen(prereg.evaluation, pins["training"])
         protocol, wanted = fresh_protocol(frozen, len(tasks), prereg.threshold, settings)
         checkpoint = Path(args.checkpoints) / crossing["checkpoint"]
         backend = json.loads(args.backend)
         key = checked_key(
-            checkpoint, args.checkpoint_records, protocol, pins, backend, args.heldout
+            checkpoint, args.checkpoint_records, protocol, pins, backend, args.heldout, receipts
         )
         console.say(f"{crossing['checkpoint']}: {wanted} fresh episodes wanted")
         result = evaluated_once(
@@ -132,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 backend,
                 console,
                 f"fresh episodes on {prereg.evaluation.backend}",
+                receipts,
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )

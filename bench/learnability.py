@@ -225,7 +225,7 @@ class BlankFirst:
 
 def ev(model_dir, tasks_, backend=None, tag=""):
     t0 = time.time()
-    pol = Policy(model_dir, TOOLS, args.eval_temp, 96)
+    pol = Policy(model_dir, TOOLS, proto.generation)
     r = evaluate(pol, backend or LocalBackend(), tasks_, proto)
     turns = [e["turns"] for e in r["episode_records"]]
     by_label = {}  # the row of a click is the label's: success per label shows what was learned

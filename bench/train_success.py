@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm in args.arm:
         run = root / arm / f"seed{args.seed}"
         pins = json.loads((run / "pins.json").read_text())
-        max_new_tokens = pins["training"]["grpo"]["max_completion_length"]
-        protocol = Protocol.frozen(prereg.evaluation, max_new_tokens)
+        protocol = Protocol.frozen(prereg.evaluation, pins["training"])
         tools = agent.tool_set(pins["training"]["tools"])
         records = list(read_jsonl(run / "checkpoints.jsonl"))
         digests[arm] = {r["checkpoint"]: r.get("files") for r in records}
@@ -56,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{exp} {arm} seed{args.seed} {name}: {played[files]}", flush=True)
                 continue
             t0 = time.perf_counter()
-            policy = Policy(
-                run / "checkpoints" / name, tools, protocol.temperature, protocol.max_new_tokens
-            )
+            policy = Policy(run / "checkpoints" / name, tools, protocol.generation)
             result = evaluate(policy, LocalBackend(), train, protocol)
             played[files] = (
                 f"training-task success {result['success_rate']:.3f} "

@@ -21,7 +21,7 @@ import json
 import sys
 from collections import Counter
 
-from envab import codepins, preregistration
+from envab import codepins, preregistration, software
 from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
 from envab.receipts import repo_commit, subject, write_receipt
@@ -106,6 +106,7 @@ def cmd_pins(args) -> None:
         "experiment_id": prereg.experiment_id,
         "receipts": {path.name: sha256_file(path) for path in receipts.paths},
         "training": json.loads(args.training),
+        "software": software.versions(),  # the lock the run is under (envab/software.py)
     }
     record = {
         **shared,

@@ -44,10 +44,14 @@ from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
 from envab.progress import Console, duration, eta, job_console
+from envab.receipts import Receipts
 from envab.schema import ConfigError
 from envab.trainer import agent
+from envab.trainer.compute import compute_settings
+from envab.trainer.generation import Generation
 from envab.trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
 from envab.trainer.manifest import ModelPinError, check_manifest
+from envab.trainer.model import base_manifest
 
 if TYPE_CHECKING:
     from envab.eval.policy import Policy
@@ -64,17 +68,26 @@ class Protocol:
     max_invalid_retries: int
     temperature: float
     max_new_tokens: int
+    turn_end: str = "bias"  # the run's pinned training.grpo.turn_end: a turn ends as in training
 
     @classmethod
-    def frozen(cls, evaluation: EvaluationProtocol, max_new_tokens: int) -> Protocol:
+    def frozen(cls, evaluation: EvaluationProtocol, training: dict) -> Protocol:
+        """The pre-registered protocol, with a turn generated as the run's pinned `training`
+        generated one (trainer/generation.py) at the protocol's temperature."""
+        generation = Generation.pinned(training, evaluation.temperature)
         return cls(
             episodes_per_task=evaluation.episodes_per_task,
             seeds=evaluation.seeds,
             max_steps=evaluation.max_steps,
             max_invalid_retries=evaluation.max_invalid_retries,
-            temperature=evaluation.temperature,
-            max_new_tokens=max_new_tokens,
+            temperature=generation.temperature,
+            max_new_tokens=generation.max_new_tokens,
+            turn_end=generation.turn_end,
         )
+
+    @property
+    def generation(self) -> Generation:
+        return Generation(self.temperature, self.max_new_tokens, self.turn_end)
 
 
 def sampler_seed(task_id: str, seed: int, turn: int) -> int:
@@ -186,15 +199,15 @@ class EpisodeProgress:
             )
 
 
-def check_inputs(args) -> tuple[Preregistration, list[dict], dict]:
-    """The frozen pre-registration, the frozen held-out tasks and the run's pins."""
+def check_inputs(args) -> tuple[Preregistration, list[dict], dict, Receipts]:
+    """The frozen pre-registration, the frozen held-out tasks, the run's pins and the receipts."""
     prereg, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
     check_split_file(args.heldout, receipts, "heldout")
     tasks = list(read_jsonl(args.heldout))
     if {t["id"] for t in tasks} != heldout_ids(receipts):
         raise GuardError(f"{args.heldout} is not the frozen held-out set")
-    return prereg, tasks, json.loads(Path(args.pins).read_text())
+    return prereg, tasks, json.loads(Path(args.pins).read_text()), receipts
 
 
 def recorded_files(checkpoint: str, records: str) -> dict[str, str]:
@@ -207,18 +220,31 @@ def recorded_files(checkpoint: str, records: str) -> dict[str, str]:
     return saved[name]
 
 
-def checked_key(checkpoint, records: str, protocol: Protocol, pins: dict, backend: dict, heldout):
-    """The checkpoint's files checked against the run's record, before anything is reused or
-    loaded; then the key its evaluation under `protocol` is stored by (eval/reuse.py)."""
+def checked_key(
+    checkpoint, records: str, protocol: Protocol, pins: dict, backend: dict, heldout, receipts
+):
+    """The checkpoint's files checked against the run's record (and a LoRA checkpoint's base
+    model against its receipt), before anything is reused or loaded; then the key its evaluation
+    under `protocol` is stored by (eval/reuse.py)."""
     files = recorded_files(str(checkpoint), records)
     check_manifest(checkpoint, files)
+    base = base_manifest(checkpoint, receipts)
+    if base is not None:
+        files = {**files, **{f"base/{path}": digest for path, digest in base.items()}}
     return evaluation_key(
         files, asdict(protocol), pins["training"]["tools"], backend, sha256_file(heldout)
     )
 
 
 def play_checkpoint(
-    checkpoint, pins: dict, protocol: Protocol, tasks: list[dict], backend: dict, console, what
+    checkpoint,
+    pins: dict,
+    protocol: Protocol,
+    tasks: list[dict],
+    backend: dict,
+    console,
+    what,
+    receipts: Receipts,
 ) -> dict:
     """Load the checkpoint and play every episode of `protocol` on the evaluation arm (`backend`,
     its config; the console hears "<n> <what>" first): the result with its wall-clock, the
@@ -227,8 +253,11 @@ def play_checkpoint(
 
     started, snapshot = time.perf_counter(), machine_load.Snapshot.now()
     tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
-    # Its files were checked against the run's record just before (checked_key).
-    policy = Policy(checkpoint, tools, protocol.temperature, protocol.max_new_tokens)
+    # Its files were checked against the run's record just before (checked_key); a LoRA
+    # checkpoint's base is checked again as it loads.
+    compute = compute_settings(pins["training"])  # the device and dtype the run trained on
+    base = base_manifest(checkpoint, receipts)
+    policy = Policy(checkpoint, tools, protocol.generation, compute=compute, base_expected=base)
     episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
     console.say(f"{episodes} {what}")
     progress = EpisodeProgress(console, episodes)
@@ -262,13 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     name = Path(args.checkpoint).name
     console = job_console(f"eval {run_dir.parent.name} {run_dir.name} {name}", args.log)
     try:
-        prereg, tasks, pins = check_inputs(args)
-        protocol = Protocol.frozen(
-            prereg.evaluation, pins["training"]["grpo"]["max_completion_length"]
-        )
+        prereg, tasks, pins, receipts = check_inputs(args)
+        protocol = Protocol.frozen(prereg.evaluation, pins["training"])
         backend = json.loads(args.backend)
         key = checked_key(
-            args.checkpoint, args.checkpoint_records, protocol, pins, backend, args.heldout
+            args.checkpoint,
+            args.checkpoint_records,
+            protocol,
+            pins,
+            backend,
+            args.heldout,
+            receipts,
         )
         record = evaluated_once(
             Store(args.store) if args.store else None,
@@ -281,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 backend,
                 console,
                 f"held-out episodes on {prereg.evaluation.backend}",
+                receipts,
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
         )

@@ -12,6 +12,8 @@ import torch
 from trl.chat_template_utils import add_response_schema, parse_response
 
 from envab.trainer import agent
+from envab.trainer.compute import Compute
+from envab.trainer.generation import Generation
 from envab.trainer.model import load
 
 
@@ -22,18 +24,23 @@ class Policy:
         self,
         checkpoint: str | Path,
         tools: agent.ToolSet,
-        temperature: float,
-        max_new_tokens: int,
+        generation: Generation,
         expected: dict[str, str] | None = None,
+        compute: Compute | None = None,
+        base_expected: dict[str, str] | None = None,
     ):
         # `expected`: the files training recorded for the checkpoint; any other refuses the load.
-        self.model, self.processor = load(checkpoint, expected)
+        # `compute`: the run's device and dtype (the CPU default when not given);
+        # `base_expected`: a LoRA checkpoint's base model's files (trainer/model.py).
+        compute = compute or Compute()
+        self.model, self.processor = load(
+            checkpoint, expected, compute.dtype, compute.device, base_expected=base_expected
+        )
         self.model.eval()
         self.tokenizer = add_response_schema(self.processor.tokenizer)
         self.tools = tools
-        self.turn = agent.turn_generation_kwargs(self.tokenizer)  # one tool call per turn
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
+        self.generation = generation
+        self.kwargs = generation.generate_kwargs(self.tokenizer)  # as GRPO generated its turns
         self.generation_s = 0.0
 
     def act(self, messages: list[dict], seed: int) -> dict:
@@ -46,23 +53,12 @@ class Policy:
             tokenize=True,
             return_dict=True,
             return_tensors="pt",
-        )
-        sampling = self.temperature > 0
-        if sampling:
+        ).to(self.model.device)
+        if self.generation.temperature > 0:
             torch.manual_seed(seed)
         started = time.perf_counter()
         with torch.no_grad():
-            output = self.model.generate(
-                **inputs,
-                max_new_tokens=self.max_new_tokens,
-                do_sample=sampling,
-                temperature=self.temperature if sampling else None,
-                # Sampling as GRPO samples (TRL: top_k 0, top_p 1.0), not with transformers'
-                # default top_k of 50, which would evaluate a sharper policy than was trained.
-                top_k=0 if sampling else None,
-                top_p=1.0 if sampling else None,
-                **self.turn,
-            )
+            output = self.model.generate(**inputs, **self.kwargs)
         self.generation_s += time.perf_counter() - started
         prompt = inputs["input_ids"][0].tolist()
         completion = output[0][len(prompt) :].tolist()

@@ -16,6 +16,7 @@ from envab.io import read_jsonl
 from envab.preregistration import Preregistration
 from envab.receipts import FREEZE_RECEIPTS
 from envab.schema import CONFIG_SCHEMA, ConfigError, check_schema
+from envab.trainer.compute import compute_settings, launcher
 
 
 def command_line_targets():
@@ -50,12 +51,17 @@ try:
     PREREG = Preregistration.load(config["preregistration"])
     check_config(config, PREREG, "config")
     RUNS = selected_runs(config, PREREG)
+    COMPUTE = compute_settings(config["training"])  # where the model runs (trainer/compute.py)
     if preregistration.receipt_path(PREREG).is_file():
         preregistration.check_frozen(config["preregistration"])  # an edited target stops here
 except ConfigError as e:
     sys.exit(f"env-ab: {e}")
 
 EXP = PREREG.experiment_id
+# A hub model's manifest may live in its own file (written by rule pin_model), not in the config.
+MANIFEST_FILE = (
+    config["model"]["manifest"] if isinstance(config["model"]["manifest"], str) else None
+)
 # A read-only projection of the pre-registration for the report's workflow description.
 config["preregistered"] = {**PREREG.as_dict(), "sha256": sha256_file(config["preregistration"])}
 RESULTS = f"results/{EXP}"

@@ -7,7 +7,7 @@
 rule eval:
     input:
         target=config["preregistration"],
-        receipts=FROZEN,
+        receipts=training_receipts(),  # a LoRA checkpoint's base is the warm start
         pins=run_file("pins.json"),
         records=run_file("checkpoints.jsonl"),
         checkpoint=run_file("checkpoints/{name}"),
@@ -42,7 +42,7 @@ if PREREG.confirmation:
     rule confirm:
         input:
             target=config["preregistration"],
-            receipts=FROZEN,
+            receipts=training_receipts(),
             pins=run_file("pins.json"),
             records=run_file("checkpoints.jsonl"),
             evals=lambda w: eval_records(w.arm, int(w.seed)),

@@ -130,18 +130,37 @@ rule code_pins:
         " --groups {params.groups} --receipt {output} > {log} 2>&1"
 
 
+if MANIFEST_FILE:
+
+    # A hub model's manifest, from the hub's metadata at the pinned commit (the commit fixes the
+    # files, so this is a record, not a choice); once written, every later run checks offline.
+    rule pin_model:
+        output:
+            MANIFEST_FILE,
+        params:
+            source=config["model"]["source"],
+        conda:
+            SOFTWARE
+        log:
+            f"{LOGS}/pin_model.log",
+        shell:
+            "python -m envab.trainer.model pin {params.source} --expect {params.source}"
+            " --write {output} > {log} 2>&1"
+
+
 rule model:
     input:
         target=config["preregistration"],
         receipt=PREREG_RECEIPT,
         train=f"{RESULTS}/tasks/train.jsonl",  # the tokenizer never sees held-out text
+        manifest=[MANIFEST_FILE] if MANIFEST_FILE else [],
     output:
         model=directory(f"{RESULTS}/model"),
         receipt=protected(f"{RECEIPTS}/model.json"),
     params:
         source=config["model"]["source"],
         spec=as_arg(config["model"]["spec"]),
-        manifest=as_arg(config["model"]["manifest"]),
+        manifest=MANIFEST_FILE or as_arg(config["model"]["manifest"]),
     conda:
         SOFTWARE
     log:

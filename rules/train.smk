@@ -17,6 +17,7 @@ if SFT_ENABLED:
         params:
             settings=as_arg(config["training"]["sft"]),
             tools=config["training"]["tools"],
+            training=as_arg(config["training"]),  # its compute and vision settings
             # The demonstrations are played on the evaluation arm's environment.
             arm=as_arg(config["arms"][PREREG.evaluation.backend]),
         threads: whole_machine()
@@ -28,6 +29,7 @@ if SFT_ENABLED:
             "python -m envab.trainer.sft --target {input.target} --receipts {input.receipts}"
             " --model {input.model} --tasks {input.train} --solutions {input.solutions}"
             " --settings {params.settings} --tools {params.tools} --arm {params.arm}"
+            " --training {params.training}"
             " --out {output.model} --receipt {output.receipt} --log {log}"
 
 
@@ -47,6 +49,7 @@ checkpoint train:
         checkpoints=directory(run_file("checkpoints")),
     params:
         wandb=f"{RESULTS}/wandb",
+        launch=" ".join(launcher(COMPUTE)),  # python -m, or accelerate launch ... -m
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
@@ -61,7 +64,7 @@ checkpoint train:
     shell:
         # The log shows a progress bar of valid trajectories against the frozen budget; the
         # console a line per checkpoint.
-        "python -m envab.trainer.grpo --target {input.target} --receipts {input.receipts}"
+        "{params.launch} envab.trainer.grpo --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --model {input.model} --train {input.train}"
         " --trajectories {output.trajectories} --checkpoint-records {output.records}"
         " --checkpoints {output.checkpoints} --run {output.run} --steps {output.steps}"

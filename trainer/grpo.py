@@ -27,11 +27,11 @@ Reads top to bottom in the order a run happens, one short function a step:
 5. `write_record`: run.json, the final counters, the stop reason, when the run started and when
    it was frozen, its restarts, and the load the machine was under (envab/machine_load.py).
 
-Settings come from the run's pins (`training`, frozen with the run), the checkpoint interval and
-the budget from the frozen pre-registration. The GPU path (`--device cuda`: vLLM in server mode,
-pinned to 0.30-0.31, optional LoRA through peft, launched with
-`accelerate launch -m envab.trainer.grpo ...`) is written but has never run: the machines this was
-built on have no GPU.
+Settings come from the run's pins (`training`, frozen with the run; where and how the model runs
+is its `compute`, trainer/compute.py), the checkpoint interval and the budget from the frozen
+pre-registration. The GPU path (device cuda, bf16, LoRA through peft, vLLM colocated or as a
+`trl vllm-serve` server this job starts and stops, several GPUs under `accelerate launch`) is
+built and checked on CPU short of CUDA (tests/test_compute.py); it has not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig
 from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import TrainerCallback, set_seed
@@ -68,8 +67,10 @@ from envab.schema import ConfigError
 from envab.tracking import public_arm_config, start_run
 from envab.trainer import agent
 from envab.trainer.accounting import Ledger, Prices
+from envab.trainer.compute import Compute, check_cuda, compute_settings, grpo_kwargs, lora_config
 from envab.trainer.environment import GenerationClock, Run, environment_factory
 from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.generation import Generation
 from envab.trainer.guards import (
     GuardError,
     HeldoutGuard,
@@ -88,10 +89,10 @@ from envab.trainer.resume import (
     ResumePoint,
     moment,
 )
+from envab.trainer.vllm_server import served
 
 log = logging.getLogger(__name__)
 
-VLLM_RANGE = ((0, 30), (0, 32))  # trl 1.16 supports vLLM >= 0.30, < 0.32
 FAULT_PLAN_ENV = "ENVAB_FAULT_PLAN"  # tests and reliability runs: a JSON file of host faults
 START_CHECKPOINT = "valid-000000"  # the model before the first update
 
@@ -110,6 +111,7 @@ class GrpoSettings:
     prefix: tuple = ()  # computer_13 actions played before each group (trainer/forkgroups.py)
     settle_s: float = 0.0
     parallel_creates: int = 1  # a group's sessions created at once where the arm cannot fork
+    turn_end: str = "bias"  # how a turn ends (trainer/generation.py)
 
     @property
     def batch_size(self) -> int:  # completions per GRPO step
@@ -141,6 +143,7 @@ class RunInputs:
     tasks: dict[str, dict]  # training tasks by id
     guard: HeldoutGuard
     faults: FaultPlan
+    compute: Compute  # where and how the model runs (training.compute, training.vision)
 
 
 # --- 1. check inputs -----------------------------------------------------------------------------
@@ -168,10 +171,9 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
             "from; records are append-only, so remove them (Snakemake does before a rerun) to "
             "train again"
         )
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise GuardError("--device cuda but no CUDA device is visible")
-    if args.device == "cuda":
-        check_vllm()
+    compute = compute_settings(pins["training"])
+    if compute.device == "cuda":
+        check_cuda(vllm=compute.vllm is not None)
     return RunInputs(
         prereg=prereg,
         receipts=receipts,
@@ -183,6 +185,7 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
         tasks=tasks,
         guard=guard,
         faults=faults,
+        compute=compute,
     )
 
 
@@ -216,18 +219,6 @@ def read_fault_plan() -> FaultPlan:
             f'"groups": {{ordinal: faults}}}} ({e})'
         ) from None
     return FaultPlan(attempts, groups, sha256_file(path))
-
-
-def check_vllm() -> None:
-    try:
-        import vllm  # only on the GPU path, where it is installed
-    except ImportError:
-        raise GuardError("--device cuda needs vLLM 0.30-0.31 installed (server mode)") from None
-    version = tuple(int(p) for p in vllm.__version__.split(".")[:2])
-    if not VLLM_RANGE[0] <= version < VLLM_RANGE[1]:
-        raise GuardError(
-            f"vLLM {vllm.__version__} is outside the range trl 1.16 supports (0.30-0.31)"
-        )
 
 
 # --- 2. open the ledger --------------------------------------------------------------------------
@@ -291,7 +282,7 @@ def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
     first_screens = None
     if inputs.pins["arm_config"].get("deterministic_screens"):
         first_screens = agent.rendered_first_screens(inputs.tasks, inputs.settings.prefix)
-    model, processor = load_checked(model_dir, inputs.receipts)
+    model, processor = load_checked(model_dir, inputs.receipts, inputs.compute)
     return Prepared(dataset, first_screens, model, processor)
 
 
@@ -511,20 +502,24 @@ def build_trainer(
     trainer = ResumableGRPOTrainer(
         model=prepared.model,
         processing_class=prepared.processor,
-        args=grpo_config(settings, inputs.seed, journal.trl, args, prepared.processor.tokenizer),
+        args=grpo_config(
+            settings, inputs.seed, journal.trl, inputs.compute, prepared.processor.tokenizer
+        ),
         train_dataset=prepared.dataset,
         environment_factory=environment_factory(run),
         callbacks=[callback],
-        peft_config=lora_config(args.lora_r) if args.lora_r else None,
+        peft_config=lora_config(inputs.compute),
         steps_path=journal.records["steps"],
         step_times=run.times,
     )
     return trainer, callback
 
 
-def grpo_config(settings: GrpoSettings, seed: int, trl_dir: Path, args, tokenizer) -> GRPOConfig:
+def grpo_config(
+    settings: GrpoSettings, seed: int, trl_dir: Path, compute: Compute, tokenizer
+) -> GRPOConfig:
     """TRL's settings; those that must not differ between arms come from the pins."""
-    cpu = args.device == "cpu"
+    generation = Generation(settings.temperature, settings.max_completion_length, settings.turn_end)
     return GRPOConfig(
         # TRL's own checkpoints (optimizer, scheduler, RNG, trainer state) go to the journal, one
         # with each of ours, which the Accounting callback asks for (save_strategy stays "no").
@@ -536,26 +531,19 @@ def grpo_config(settings: GrpoSettings, seed: int, trl_dir: Path, args, tokenize
         learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",  # max_steps below is only a ceiling; the budget stops us
         max_steps=10**9,
-        per_device_train_batch_size=settings.batch_size,
         num_generations=settings.num_generations,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,  # one generation batch per optimizer step: groups stay whole
+        # The device, dtype, micro-batches and generation path (trainer/compute.py); a step's
+        # generation batch is always whole (num_generations x prompts_per_step completions).
+        **grpo_kwargs(compute, settings.batch_size),
         max_completion_length=settings.max_completion_length,
         max_tool_calling_iterations=settings.max_turns,
         temperature=settings.temperature,
         beta=settings.beta,
-        # One tool call per turn (trainer/agent.py) on the transformers path; vLLM has no
-        # sequence bias (see agent.turn_generation_kwargs).
-        generation_kwargs=agent.turn_generation_kwargs(tokenizer) if cpu else None,
+        # How a turn ends, as evaluation ends it (trainer/generation.py).
+        generation_kwargs=generation.trl_kwargs(tokenizer, vllm=compute.vllm is not None),
         # Every completion keeps its gradient, a truncated one included: masking truncation made
         # running to the length limit a shelter from negative advantages (README "Does it learn?").
         mask_truncated_completions=False,
-        use_cpu=cpu,
-        bf16=not cpu,
-        gradient_checkpointing=False,
-        use_vllm=not cpu,
-        vllm_mode="server",
-        vllm_server_base_url=args.vllm_server if not cpu else None,
         save_strategy="no",
         save_only_model=False,
         logging_steps=1,
@@ -563,12 +551,6 @@ def grpo_config(settings: GrpoSettings, seed: int, trl_dir: Path, args, tokenize
         disable_tqdm=True,  # our bar counts valid trajectories against the budget instead
         remove_unused_columns=False,
         dataloader_num_workers=0,
-    )
-
-
-def lora_config(rank: int) -> LoraConfig:
-    return LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"
     )
 
 
@@ -602,9 +584,16 @@ def train(args, console: Console) -> dict:
     )
     placement = place(inputs.pins["training"].get("cpus"))
     started = machine_load.Snapshot.now()
-    with open_arm(
-        inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
-    ) as backend:
+    # A server-mode run's vLLM server logs beside the job.
+    vllm_log = outputs.run.parent / "vllm.log"
+    if args.log:
+        vllm_log = Path(args.log).with_suffix(".vllm.log")
+    with (
+        served(inputs.compute, args.model, vllm_log) as server,
+        open_arm(
+            inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
+        ) as backend,
+    ):
         groups = ForkGroups(
             backend,
             inputs.settings.num_generations,
@@ -635,7 +624,14 @@ def train(args, console: Console) -> dict:
     # After the arm is closed, so that its processes' CPU time is counted.
     measured = machine_load.since(started)
     return write_record(
-        inputs, ledger, trainer, callback, environment, measured, placement, args, outputs, journal
+        inputs,
+        ledger,
+        trainer,
+        callback,
+        {"environment": environment, "load": measured, "placement": placement, "vllm": server},
+        args,
+        outputs,
+        journal,
     )
 
 
@@ -660,9 +656,7 @@ def write_record(
     ledger: Ledger,
     trainer,
     callback: Accounting,
-    environment,
     measured: dict,
-    placement: dict | None,
     args,
     outputs: Outputs,
     journal: Journal,
@@ -683,11 +677,12 @@ def write_record(
         "pins_sha256": sha256_file(args.pins),
         "fault_plan_sha256": inputs.faults.sha256,
         "kill_plan": os.environ.get(KILL_ENV),
-        "device": args.device,
+        "device": inputs.compute.device,
         "torch_threads": torch.get_num_threads(),
-        "environment": environment,
-        "load": measured,  # CPU time, load average and steal over the run (envab/machine_load.py)
-        "placement": placement,  # the CPUs of the trainer and of the arm (training.cpus)
+        # What the arm is beyond its config; the load the machine was under (CPU time, load
+        # average and steal, envab/machine_load.py); the CPUs of the trainer and of the arm
+        # (training.cpus); the vLLM server of a server-mode run.
+        **measured,
         # Each restart after a process of the run died (trainer/resume.py): the attempts lost
         # (lost.jsonl) and their wall-clock, counted above; the downtime, not counted.
         "restarts": restarts,
@@ -718,13 +713,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-log", help="where an embedded host writes its log")
     parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
     parser.add_argument("--log", help="the job's log; the console then gets a line per checkpoint")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument(
-        "--vllm-server",
-        default="http://127.0.0.1:8000",
-        help="cuda only: `trl vllm-serve` base URL",
-    )
-    parser.add_argument("--lora-r", type=int, default=0, help="cuda only: LoRA rank (0: full)")
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
     console = job_console(

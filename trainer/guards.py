@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from envab import codepins
+from envab import codepins, software
 from envab.hashing import sha256_file
 from envab.receipts import Receipts, read_receipt
 from envab.verify import verify_receipts
@@ -56,6 +56,11 @@ def check_pins(pins_path: str | Path, receipts: Receipts) -> dict:
     )
     if drift:
         raise GuardError(f"{pins_path} was pinned to other receipts than these: {drift}")
+    if moved := software.drift(pins.get("software", {})):
+        raise GuardError(
+            f"{pins_path} was pinned under other software than is installed ({', '.join(moved)}); "
+            "install the lock it was pinned under, or pin it again"
+        )
     return pins
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -46,7 +47,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from envab.hashing import aggregate_digest, sha256_file
-from envab.io import read_jsonl
+from envab.io import atomic_write_text, read_jsonl
 from envab.receipts import Receipts, read_receipt
 from envab.trainer.manifest import (
     ModelPinError,
@@ -220,8 +221,19 @@ def materialize(
 # --- the one loading path ------------------------------------------------------------------------
 
 
-def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: str = "float32"):
-    """(model, processor) from a local model folder, checked first when a manifest is given."""
+def load(
+    model_dir: str | Path,
+    expected: dict[str, str] | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    vision: dict | None = None,
+    base_expected: dict[str, str] | None = None,
+):
+    """(model, processor) from a local model folder, checked first when a manifest is given:
+    the weights loaded in `dtype` (and moved to `device`; a trainer places its model itself), the
+    processor with `vision`'s pixel bounds ({min_pixels, max_pixels}) if given, else its own.
+    A LoRA checkpoint (an adapter folder) loads onto the base model its adapter config names,
+    checked against `base_expected` when given."""
 
     # torch and transformers load here, not at import: the manifest, check and pin commands and a
     # job that refuses its inputs run without them.
@@ -235,11 +247,49 @@ def load(model_dir: str | Path, expected: dict[str, str] | None = None, dtype: s
         check_manifest(model_dir, expected)
     elif not model_dir.is_dir():
         raise ModelPinError(f"model folder {model_dir} does not exist")
-    model = AutoModelForImageTextToText.from_pretrained(
-        model_dir, local_files_only=True, dtype=getattr(torch, dtype)
-    ).eval()
-    processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+    base = adapter_base(model_dir)
+    if base is not None:  # a LoRA checkpoint: its base model with the adapters merged in
+        if base_expected is not None:
+            check_manifest(base, base_expected)
+        from peft import PeftModel
+
+        model = AutoModelForImageTextToText.from_pretrained(
+            base, local_files_only=True, dtype=getattr(torch, dtype)
+        )
+        model = PeftModel.from_pretrained(model, model_dir).merge_and_unload().eval()
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(
+            model_dir, local_files_only=True, dtype=getattr(torch, dtype)
+        ).eval()
+    if device != "cpu":
+        model.to(device)
+    # The processor's documented bounds (e.g. Qwen3-VL's model card): each image is resized to
+    # hold between min_pixels and max_pixels, in whole patches; they go into every checkpoint's
+    # processor_config.json, so evaluation sees the screens as training did.
+    bounds = {k: vision[k] for k in ("min_pixels", "max_pixels")} if vision else {}
+    processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True, **bounds)
     return model, processor
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding LoRA adapters, not a model
+
+
+def adapter_base(model_dir: str | Path) -> Path | None:
+    """The base model folder a LoRA checkpoint's adapters were trained on, or None for a model."""
+    config = Path(model_dir) / ADAPTER_CONFIG
+    if not config.is_file():
+        return None
+    try:
+        return Path(json.loads(config.read_text())["base_model_name_or_path"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModelPinError(f"{config}: no base_model_name_or_path ({e})") from None
+
+
+def base_manifest(model_dir: str | Path, receipts: Receipts) -> dict[str, str] | None:
+    """The manifest a LoRA checkpoint's base must match (the warm start's or the frozen
+    model's receipt), or None for a whole model."""
+    base = adapter_base(model_dir)
+    return None if base is None else model_manifest_for(base, receipts)
 
 
 def model_manifest_for(model_dir: Path, receipts: Receipts) -> dict[str, str]:
@@ -253,9 +303,14 @@ def model_manifest_for(model_dir: Path, receipts: Receipts) -> dict[str, str]:
     raise ModelPinError(f"model folder {model_dir} is neither the frozen model nor the SFT output")
 
 
-def load_checked(model_dir: str | Path, receipts: Receipts):
-    """(model, processor), after checking the folder's files against their receipt."""
-    return load(model_dir, expected=model_manifest_for(Path(model_dir), receipts))
+def load_checked(model_dir: str | Path, receipts: Receipts, compute=None):
+    """(model, processor), after checking the folder's files against their receipt; on the
+    dtype and with the pixel bounds of `compute` (trainer/compute.py) if given, left on the CPU
+    for the trainer (or each of accelerate's processes) to place."""
+    expected = model_manifest_for(Path(model_dir), receipts)
+    if compute is None:
+        return load(model_dir, expected)
+    return load(model_dir, expected, compute.dtype, vision=compute.vision)
 
 
 # --- pinning a hub repository --------------------------------------------------------------------
@@ -271,33 +326,71 @@ def _transport_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def pin(ref: str) -> tuple[HubSource, dict[str, str]]:
-    """Resolve `hf://owner/name[@branch|tag|commit]` to a commit and its per-file sha256 manifest.
+def git_blob_id(path: str | Path) -> str:
+    """The git blob id of a file (sha1 over "blob <size>\\0" and the bytes): what the hub lists
+    for a file that is not in LFS, so a downloaded small file is checked against the listing."""
+    data = Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
-    LFS files carry their sha256 in the hub's tree listing; the small non-LFS files (configs,
-    tokenizer, template) only carry a git blob id, so those are downloaded and hashed.
+
+def pin(ref: str, endpoint: str | None = None) -> tuple[HubSource, dict[str, str]]:
+    """Resolve `hf://owner/name[@branch|tag|commit]` to a commit and its per-file sha256 manifest,
+    from one metadata request (`model_info(files_metadata=True)`).
+
+    LFS files (the weights) carry their sha256 in the listing; the small files (configs,
+    tokenizer, template) carry only a git blob id, so each is downloaded, checked against its
+    blob id, and hashed. `endpoint`: another hub (HF_ENDPOINT otherwise).
     """
 
     repo_id, revision = split_hub_ref(ref)
-    api = HfApi()
+    api = HfApi(endpoint=endpoint)
     try:
-        commit = api.repo_info(repo_id, revision=revision or "main").sha
-        source = HubSource(repo_id, commit)
+        info = api.model_info(repo_id, revision=revision or "main", files_metadata=True)
+        if not info.sha or not COMMIT.fullmatch(info.sha):
+            raise ModelPinError(f"pin {ref}: the hub gave no commit for {revision or 'main'}")
+        source = HubSource(repo_id, info.sha)
         manifest: dict[str, str] = {}
         with tempfile.TemporaryDirectory() as scratch:
-            for entry in api.list_repo_tree(repo_id, revision=commit, recursive=True):
-                if not hasattr(entry, "blob_id"):
-                    continue  # a folder
-                if entry.lfs is not None:
-                    manifest[entry.path] = entry.lfs.sha256
-                else:
-                    local = hf_hub_download(repo_id, entry.path, revision=commit, cache_dir=scratch)
-                    manifest[entry.path] = sha256_file(local)
+            for sibling in info.siblings or []:
+                if sibling.lfs is not None:
+                    manifest[sibling.rfilename] = sibling.lfs.sha256
+                    continue
+                local = hf_hub_download(
+                    repo_id,
+                    sibling.rfilename,
+                    revision=info.sha,
+                    cache_dir=scratch,
+                    endpoint=endpoint,
+                )
+                if sibling.blob_id and git_blob_id(local) != sibling.blob_id:
+                    raise ModelPinError(
+                        f"pin {ref}: {sibling.rfilename} downloaded does not match the blob id "
+                        "the hub lists for it"
+                    )
+                manifest[sibling.rfilename] = sha256_file(local)
     except OfflineModeIsEnabled:
         raise ModelPinError(f"pin {ref}: HF_HUB_OFFLINE is set; pinning needs the hub") from None
     except (HfHubHTTPError, OSError, *_transport_errors()) as e:
         raise ModelPinError(f"pin {ref}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    if not manifest:
+        raise ModelPinError(f"pin {ref}: the hub lists no files at {source.revision}")
     return source, dict(sorted(manifest.items()))
+
+
+def read_pin_file(path: str | Path) -> dict:
+    """What `write_pin` wrote: {source, manifest} (a bare manifest has no source)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ModelPinError(f"manifest {path}: cannot read ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def write_pin(source: HubSource, manifest: dict[str, str], path: str | Path) -> Path:
+    """The manifest file a config names (`model.manifest: <file>`): the source and its files."""
+    text = _dump({"source": str(source), "manifest": manifest}, as_json=False) + "\n"
+    atomic_write_text(path, text)
+    return Path(path)
 
 
 # --- CLI -----------------------------------------------------------------------------------------
@@ -345,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pin", help="resolve a hub repo to a commit and print its manifest")
     p.add_argument("ref", help="hf://owner/name[@branch|tag|commit]")
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    p.add_argument("--write", help="write the manifest file a config names (model.manifest)")
+    p.add_argument(
+        "--expect", help="refuse unless the commit is this one (a config's pinned source)"
+    )
 
     args = parser.parse_args(argv)
     try:
@@ -367,7 +464,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ok: {args.model_dir} matches {len(manifest)} files")
         elif args.command == "pin":
             source, manifest = pin(args.ref)
-            print(_dump({"source": str(source), "manifest": manifest}, args.json))
+            if args.expect and str(source) != args.expect:
+                raise ModelPinError(f"pin {args.ref}: the hub resolves {source}, not {args.expect}")
+            if args.write:
+                write_pin(source, manifest, args.write)
+                print(f"{source}: {len(manifest)} files pinned in {args.write}")
+            else:
+                print(_dump({"source": str(source), "manifest": manifest}, args.json))
     except ModelPinError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

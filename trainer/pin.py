@@ -22,11 +22,13 @@ from envab import preregistration
 from envab.hashing import aggregate_digest
 from envab.receipts import subject, write_receipt
 from envab.schema import ConfigError
+from envab.trainer.manifest import read_manifest_file
 from envab.trainer.model import (
     ModelPinError,
     check_manifest,
     materialize,
     parse_source,
+    read_pin_file,
     spec_from_mapping,
 )
 
@@ -37,7 +39,7 @@ def pin_model(args) -> dict[str, str]:
     spec = json.loads(args.spec)
     source = parse_source(args.source, spec_from_mapping(spec))
     materialize(source, out, tasks=args.tasks)
-    files = check_manifest(out, json.loads(args.manifest))
+    files = check_manifest(out, expected_files(args.manifest, args.source))
     write_receipt(
         args.receipt,
         "model",
@@ -54,6 +56,17 @@ def pin_model(args) -> dict[str, str]:
     return files
 
 
+def expected_files(manifest: str, source: str) -> dict[str, str]:
+    """The manifest given inline (JSON) or as the file `pin --write` made; a file pinned for
+    another source is refused."""
+    if manifest.lstrip().startswith("{"):
+        return json.loads(manifest)
+    pinned = read_pin_file(manifest)
+    if pinned.get("source") not in (None, source):
+        raise ModelPinError(f"{manifest} pins {pinned['source']}, not the config's {source}")
+    return read_manifest_file(manifest)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m envab.trainer.pin", description=__doc__.split("\n")[0]
@@ -64,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spec", default="{}", help="JSON: builder settings of the builtin model")
     parser.add_argument("--tasks", required=True, help="train.jsonl: the tiny tokenizer's corpus")
-    parser.add_argument("--manifest", required=True, help="JSON: relative path -> sha256")
+    parser.add_argument(
+        "--manifest", required=True, help="JSON (relative path -> sha256) or a pinned YAML file"
+    )
     parser.add_argument("--out", required=True, help="the model folder")
     parser.add_argument("--receipt", required=True, help="receipts/<exp>/model.json")
     args = parser.parse_args(argv)

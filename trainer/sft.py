@@ -40,6 +40,7 @@ from envab.progress import Console, job_console
 from envab.receipts import subject, write_receipt
 from envab.schema import ConfigError
 from envab.trainer import agent
+from envab.trainer.compute import check_cuda, compute_settings
 from envab.trainer.guards import (
     GuardError,
     HeldoutGuard,
@@ -102,6 +103,9 @@ def train(args, console: Console) -> dict:
     check_receipts(receipts)
     check_code(receipts)
     settings = json.loads(args.settings)
+    compute = compute_settings(json.loads(args.training))
+    if compute.device == "cuda":
+        check_cuda()
     tools = agent.tool_set(args.tools)
     if not settings.get("enabled"):
         raise GuardError("training.sft.enabled is false: the pinned model is used as it is")
@@ -117,7 +121,7 @@ def train(args, console: Console) -> dict:
     from envab.trainer.warm_start import fit
 
     set_seed(args.seed)  # before the load, as the warm start's bytes have always been made
-    model, processor = load_checked(args.model, receipts)
+    model, processor = load_checked(args.model, receipts, compute)
 
     out = Path(args.out)
     if out.exists():
@@ -126,7 +130,9 @@ def train(args, console: Console) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         model_dir = scratch / "model"
-        loss = fit(model, processor, demos, tools, settings, args, console, scratch, model_dir)
+        loss = fit(
+            model, processor, demos, tools, settings, compute, args, console, scratch, model_dir
+        )
         os.replace(model_dir, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -176,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the warm-started model folder")
     parser.add_argument("--receipt", required=True, help="writes: receipts/<exp>/sft.json")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--training",
+        required=True,
+        help="the config's training section, as JSON: its compute and vision settings",
+    )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
     args = parser.parse_args(argv)
     console = job_console("sft", args.log, "the warm start on oracle demonstrations")

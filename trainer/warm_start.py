@@ -12,6 +12,7 @@ from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from envab.progress import Console, duration, eta
 from envab.trainer import agent
+from envab.trainer.compute import lora_config
 
 
 def demonstration_collator(processor, demos: dict, tools: agent.ToolSet):
@@ -70,9 +71,13 @@ class WithTools:
         return self._processor.apply_chat_template(conversation, tools=self._tools, **kwargs)
 
 
-def fit(model, processor, demos: dict, tools, settings: dict, args, console, scratch, out) -> float:
+def fit(
+    model, processor, demos: dict, tools, settings: dict, compute, args, console, scratch, out
+) -> float:
     """Train on every demonstration for `settings["steps"]` steps; save model and processor into
-    `out`; the mean training loss. The caller seeded the RNGs before it loaded the model."""
+    `out`; the mean training loss. The caller seeded the RNGs before it loaded the model. On
+    `compute` (trainer/compute.py): its device, dtype and checkpointing; with LoRA the adapters
+    are trained and then merged, so the warm start is a whole model folder as without."""
     dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
     config = SFTConfig(
         output_dir=str(scratch / "trainer"),
@@ -82,9 +87,9 @@ def fit(model, processor, demos: dict, tools, settings: dict, args, console, scr
         learning_rate=settings["learning_rate"],
         lr_scheduler_type="constant",
         dataset_kwargs={"skip_prepare_dataset": True},  # rows are task ids, see the collator
-        use_cpu=args.device == "cpu",
-        bf16=args.device != "cpu",
-        gradient_checkpointing=False,
+        use_cpu=compute.cpu,
+        bf16=compute.dtype == "bfloat16" and not compute.cpu,
+        gradient_checkpointing=compute.gradient_checkpointing,
         save_strategy="no",
         logging_steps=max(1, settings["steps"] // 10),  # a console line each tenth
         report_to="none",
@@ -98,8 +103,12 @@ def fit(model, processor, demos: dict, tools, settings: dict, args, console, scr
         processing_class=processor,
         data_collator=demonstration_collator(processor, demos, tools),
         callbacks=[StepProgress(console)],
+        peft_config=lora_config(compute),
     )
     result = trainer.train()
-    trainer.model.save_pretrained(out)
+    trained = trainer.model
+    if compute.lora is not None:
+        trained = trained.merge_and_unload()
+    trained.save_pretrained(out)
     processor.save_pretrained(out)
     return result.training_loss

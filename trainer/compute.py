@@ -1,0 +1,248 @@
+"""Where and how the model runs: `training.compute` from the run's pins, turned into the settings
+of the libraries that do the work (TRL's GRPOConfig, peft's LoraConfig, `trl vllm-serve`'s
+command line, accelerate's launcher). Nothing here imports torch, peft or vLLM, so a job, a test
+or a dry run can build and check the GPU settings on a machine that has none of them.
+
+One rule for every path: the same settings for the warm start, every arm's GRPO and every
+evaluation, frozen in the pins (a run on other hardware settings is another run, never compared).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from dataclasses import dataclass, field
+
+from envab.schema import ConfigError
+
+
+@dataclass(frozen=True)
+class Lora:
+    r: int
+    alpha: float
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
+@dataclass(frozen=True)
+class Vllm:
+    mode: str  # colocate | server
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    port: int = 8000
+    server_gpus: str = ""  # server mode: the server's CUDA_VISIBLE_DEVICES; empty: inherited
+    startup_timeout_s: float = 600.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """training.compute (schema defaults filled)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    per_device_batch: int | None = None
+    processes: int = 1
+    accelerate_config: str | None = None
+    lora: Lora | None = None
+    vllm: Vllm | None = None
+    vision: dict | None = field(default=None)  # training.vision: the processor's pixel bounds
+
+    @property
+    def cpu(self) -> bool:
+        return self.device == "cpu"
+
+
+def compute_settings(training: dict) -> Compute:
+    """The typed settings of a pinned `training` section, with the checks the schema cannot make
+    (one line each). A config from before `compute` existed is the CPU default."""
+    values = dict(training.get("compute") or {})
+    lora = values.pop("lora", None)
+    if lora is not None:
+        targets = lora.get("target_modules", "all-linear")
+        lora = Lora(
+            r=lora["r"],
+            alpha=lora.get("alpha", 2 * lora["r"]),
+            dropout=lora.get("dropout", 0.0),
+            target_modules=targets if isinstance(targets, str) else tuple(targets),
+        )
+    vllm = values.pop("vllm", None)
+    vllm = Vllm(**vllm) if vllm is not None else None
+    compute = Compute(**values, lora=lora, vllm=vllm, vision=training.get("vision"))
+    check(compute, training)
+    return compute
+
+
+def check(compute: Compute, training: dict) -> None:
+    where = "training.compute"
+    if compute.vllm is not None and compute.cpu:
+        raise ConfigError(f"{where}.vllm: vLLM generates on a GPU only; set device: cuda")
+    if compute.vllm is not None and training["grpo"].get("turn_end", "bias") == "bias":
+        raise ConfigError(
+            "training.grpo.turn_end: bias is transformers' sequence bias, which vLLM does not "
+            "have; set turn_end: none (the model ends its turns itself, in evaluation too)"
+        )
+    if compute.processes > 1:
+        # Under accelerate every rank would open its own arm and write the same ledger; until one
+        # rank owns the ledger, checkpoints and budget, a run has one process (one GPU; vLLM
+        # may have others through server_gpus or tensor_parallel_size).
+        raise ConfigError(
+            f"{where}.processes: {compute.processes}: training on several processes is not "
+            "built yet (one rank must own the ledger, checkpoints and budget); use 1"
+        )
+    batch = training["grpo"]["num_generations"] * training["grpo"]["prompts_per_step"]
+    per_step = batch // compute.processes
+    if batch % compute.processes:
+        raise ConfigError(
+            f"{where}.processes: {compute.processes} does not divide the step's {batch} "
+            "completions (num_generations x prompts_per_step)"
+        )
+    if compute.per_device_batch is not None and per_step % compute.per_device_batch:
+        raise ConfigError(
+            f"{where}.per_device_batch: {compute.per_device_batch} does not divide the "
+            f"{per_step} completions each process has per step"
+        )
+    if compute.vision and compute.vision["min_pixels"] > compute.vision["max_pixels"]:
+        raise ConfigError("training.vision: min_pixels is above max_pixels")
+
+
+def micro_batches(compute: Compute, batch: int) -> tuple[int, int]:
+    """(per-device batch, gradient accumulation steps) for `batch` completions a step: the
+    optimizer sees the same batch whatever the split."""
+    per_process = batch // compute.processes
+    per_device = compute.per_device_batch or per_process
+    return per_device, per_process // per_device
+
+
+def grpo_kwargs(compute: Compute, batch: int) -> dict:
+    """GRPOConfig's settings that come from `compute` (TRL 1.16 names)."""
+    per_device, accumulation = micro_batches(compute, batch)
+    kwargs = {
+        "use_cpu": compute.cpu,
+        "bf16": compute.dtype == "bfloat16" and not compute.cpu,
+        "gradient_checkpointing": compute.gradient_checkpointing,
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": accumulation,
+        # The step's generation batch is generated once and learned from in micro-batches, so a
+        # GRPO group is never split across optimizer steps.
+        "steps_per_generation": accumulation,
+        "use_vllm": compute.vllm is not None,
+    }
+    if compute.vllm is not None:
+        kwargs |= {
+            "vllm_mode": compute.vllm.mode,
+            "vllm_gpu_memory_utilization": compute.vllm.gpu_memory_utilization,
+            "vllm_tensor_parallel_size": compute.vllm.tensor_parallel_size,
+        }
+        if compute.vllm.mode == "server":
+            kwargs["vllm_server_base_url"] = compute.vllm.base_url
+    return kwargs
+
+
+def lora_kwargs(compute: Compute) -> dict | None:
+    """peft.LoraConfig's settings, or None for full fine-tuning."""
+    if compute.lora is None:
+        return None
+    lora = compute.lora
+    targets = lora.target_modules
+    return {
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": targets if isinstance(targets, str) else list(targets),
+        "task_type": "CAUSAL_LM",
+    }
+
+
+def lora_config(compute: Compute):
+    """peft's LoraConfig, or None for full fine-tuning (peft loads only here)."""
+    kwargs = lora_kwargs(compute)
+    if kwargs is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**kwargs)
+
+
+# The vLLM releases TRL 1.16 accepts (trl/import_utils.py: 0.22.0 to 0.31.0); locks/gpu.txt pins
+# 0.31.0, whose torch 2.13.0 is not the CPU lock's, so the GPU path installs from its own lock.
+VLLM_ACCEPTED = ((0, 22, 0), (0, 31, 0))
+GPU_INSTALL = "pip install -e '.[gpu]' -c locks/gpu.txt"
+
+
+def check_cuda(vllm: bool = False) -> None:
+    """Refuse a cuda run, in one line saying what to do, where no GPU is visible or the vLLM it
+    needs is missing or outside the range TRL accepts."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "training.compute.device: cuda, but torch sees no CUDA device "
+            f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
+    if not vllm:
+        return
+    check_vllm_version(installed("vllm"))
+
+
+def installed(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_vllm_version(version: str | None) -> None:
+    """One line saying exactly what to install when vLLM is missing or not one TRL accepts."""
+    if version is None:
+        raise ConfigError(f"training.compute.vllm: vLLM is not installed; {GPU_INSTALL}")
+    found = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    if not VLLM_ACCEPTED[0] <= found <= VLLM_ACCEPTED[1]:
+        raise ConfigError(
+            f"training.compute.vllm: vLLM {version} is not one TRL 1.16 accepts (0.22.0 to "
+            f"0.31.0); {GPU_INSTALL}"
+        )
+
+
+def vllm_serve_command(compute: Compute, model_dir: str) -> list[str]:
+    """`trl vllm-serve` for server mode: the model folder the run was checked against, its dtype,
+    and the log-probs the importance-sampling correction needs (after temperature and processing,
+    as TRL warns when a server runs otherwise)."""
+    vllm = compute.vllm
+    if vllm is None or vllm.mode != "server":
+        raise ConfigError("training.compute.vllm.mode is not server: nothing to serve")
+    return [
+        "trl",
+        "vllm-serve",
+        "--model",
+        str(model_dir),
+        "--dtype",
+        compute.dtype,
+        "--port",
+        str(vllm.port),
+        "--host",
+        "127.0.0.1",
+        "--tensor-parallel-size",
+        str(vllm.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(vllm.gpu_memory_utilization),
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
+
+
+def launcher(compute: Compute) -> list[str]:
+    """The command a training job's Python module is started with: plain python for one process,
+    `accelerate launch` (with the config's file if any) for several."""
+    if compute.processes == 1 and compute.accelerate_config is None:
+        return ["python", "-m"]
+    command = ["accelerate", "launch", "--num_processes", str(compute.processes)]
+    if compute.accelerate_config:
+        command += ["--config_file", compute.accelerate_config]
+    return [*command, "-m"]
