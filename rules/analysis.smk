@@ -4,7 +4,7 @@
 
 rule outcome:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         # What the outcome receipt builds on: the freeze, and the warm start if there is one.
         receipts=training_receipts(),
         runs=all_run_records,
@@ -40,7 +40,7 @@ rule outcome:
 
 rule run_table:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         pins=run_file("pins.json"),
         checkpoints=run_file("checkpoints.jsonl"),
         run=run_file("run.json"),

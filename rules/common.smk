@@ -58,6 +58,9 @@ except ConfigError as e:
     sys.exit(f"env-ab: {e}")
 
 EXP = PREREG.experiment_id
+# The pre-registration is a file of the repository, read where the job runs (in the project's
+# image on a cluster), never fetched from or written to remote storage.
+TARGET = local(config["preregistration"])
 # A hub model's manifest may live in its own file (written by rule pin_model), not in the config.
 MANIFEST_FILE = (
     config["model"]["manifest"] if isinstance(config["model"]["manifest"], str) else None

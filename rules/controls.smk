@@ -4,7 +4,7 @@
 
 rule controls:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipts=training_receipts(),
         runs=control_run_records,
     output:

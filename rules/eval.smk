@@ -6,7 +6,7 @@
 
 rule eval:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipts=training_receipts(),  # a LoRA checkpoint's base is the warm start
         pins=run_file("pins.json"),
         records=run_file("checkpoints.jsonl"),
@@ -41,7 +41,7 @@ if PREREG.confirmation:
 
     rule confirm:
         input:
-            target=config["preregistration"],
+            target=TARGET,
             receipts=training_receipts(),
             pins=run_file("pins.json"),
             records=run_file("checkpoints.jsonl"),

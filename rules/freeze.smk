@@ -5,7 +5,7 @@
 
 rule freeze_target:
     input:
-        ancient(config["preregistration"]),
+        ancient(TARGET),
     output:
         protected(f"{RECEIPTS}/preregistration.json"),
     conda:
@@ -89,7 +89,7 @@ else:
 
 rule split:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipt=PREREG_RECEIPT,
         tasks=f"{RESULTS}/tasks/tasks.jsonl",
     output:
@@ -115,7 +115,7 @@ rule split:
 
 rule code_pins:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipt=PREREG_RECEIPT,
     output:
         protected(f"{RECEIPTS}/code.json"),
@@ -150,7 +150,7 @@ if MANIFEST_FILE:
 
 rule model:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipt=PREREG_RECEIPT,
         train=f"{RESULTS}/tasks/train.jsonl",  # the tokenizer never sees held-out text
         manifest=[MANIFEST_FILE] if MANIFEST_FILE else [],
@@ -174,7 +174,7 @@ rule model:
 
 rule pins:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipts=FROZEN,
     output:
         run_file("pins.json"),

@@ -10,7 +10,7 @@ if QEMU_ARMS:
 
     rule qemu_guest:
         input:
-            qemu_guest_sources(),
+            [local(path) for path in qemu_guest_sources()],  # the image's own files
         output:
             f"{RESULTS}/{{arm}}/guest.json",
         wildcard_constraints:

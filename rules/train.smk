@@ -6,7 +6,7 @@ if SFT_ENABLED:
 
     rule sft:
         input:
-            target=config["preregistration"],
+            target=TARGET,
             receipts=FROZEN,
             model=f"{RESULTS}/model",
             train=f"{RESULTS}/tasks/train.jsonl",
@@ -35,7 +35,7 @@ if SFT_ENABLED:
 
 checkpoint train:
     input:
-        target=config["preregistration"],
+        target=TARGET,
         receipts=training_receipts(),
         pins=run_file("pins.json"),
         train=f"{RESULTS}/tasks/train.jsonl",

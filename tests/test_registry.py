@@ -16,7 +16,9 @@ def registry() -> list[dict]:
 
 def test_every_shipped_target_is_registered():
     ids = {entry["id"] for entry in registry()}
-    for target in (REPO / "preregistration" / "target.yaml", REPO / ".test" / "target.yaml"):
+    for target in [*(REPO / "preregistration").glob("*.yaml"), REPO / ".test" / "target.yaml"]:
+        if target.name == "registry.yaml":
+            continue
         assert yaml.safe_load(target.read_text())["experiment_id"] in ids, target
 
 

@@ -691,9 +691,28 @@ def write_record(
         "downtime_s": sum(r["downtime_s"] for r in restarts),
         # Where this process's GRPO steps spent their wall-clock (trainer/step_times.py).
         "step_times": callback.run.times.summary(),
+        **generation_record(trainer, inputs.settings, callback.run.times.summary()),
     }
     atomic_write_json(outputs.run, record)
     journal.close(outputs.run.parent)
+    return record
+
+
+def generation_record(trainer, settings: GrpoSettings, times: dict) -> dict:
+    """Completion tokens generated (TRL's logged mean completion length x the step's batch) and
+    per second of generation; the GPU's peak memory where there is one."""
+    tokens = sum(
+        entry["completions/mean_length"] * settings.batch_size
+        for entry in trainer.state.log_history
+        if "completions/mean_length" in entry
+    )
+    generation_s = times.get("total_s", {}).get("generation")
+    record = {
+        "generated_tokens": round(tokens),
+        "generated_tokens_per_s": round(tokens / generation_s, 1) if generation_s else None,
+    }
+    if torch.cuda.is_available():
+        record["cuda_peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     return record
 
 
