@@ -81,7 +81,7 @@ def test_as_root_without_sudo_it_updates_then_installs(machine):
     assert calls[4].startswith("dpkg -i ") and calls[4].endswith("_amd64.deb")
     assert calls[5:] == [
         "python3 -m venv .venv",
-        "pip install -q -e .[test]",
+        "pip install -q -e .[test] -c locks/cpu.txt",
         "pip install -q --no-deps desktop-env==1.0.2",
     ]
 
