@@ -338,6 +338,7 @@ if args.grpo_steps:
 
     from envab.envs.arms import open_arm
     from envab.trainer.accounting import Ledger, Prices
+    from envab.trainer.compute import Compute
     from envab.trainer.environment import GenerationClock, Run, environment_factory
     from envab.trainer.forkgroups import ForkGroups
     from envab.trainer.grpo import GrpoSettings, grpo_config
@@ -364,11 +365,7 @@ if args.grpo_steps:
         args.beta,
     )
 
-    class A:
-        device = "cpu"
-        vllm_server = None
-
-    cfg = grpo_config(settings, 1, gdir, A(), processor.tokenizer)
+    cfg = grpo_config(settings, 1, gdir, Compute(), processor.tokenizer)
     cfg.max_steps = args.grpo_steps
     cfg.logging_steps = 5
     if args.arm == "local":

@@ -30,8 +30,9 @@ Reads top to bottom in the order a run happens, one short function a step:
 Settings come from the run's pins (`training`, frozen with the run; where and how the model runs
 is its `compute`, trainer/compute.py), the checkpoint interval and the budget from the frozen
 pre-registration. The GPU path (device cuda, bf16, LoRA through peft, vLLM colocated or as a
-`trl vllm-serve` server this job starts and stops, several GPUs under `accelerate launch`) is
-built and checked on CPU short of CUDA (tests/test_compute.py); it has not yet run on a GPU.
+`trl vllm-serve` server this job starts and stops) is built and checked on the CPU short of CUDA
+(tests/test_compute.py, tests/test_generation.py, tests/test_vllm_server.py); it has not yet run
+on a GPU, and one process trains (several are refused until one rank owns the ledger).
 """
 
 from __future__ import annotations
