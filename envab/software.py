@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import importlib.metadata
 
-PACKAGES = ("torch", "torchvision", "transformers", "trl", "peft", "accelerate", "vllm")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "huggingface-hub",
+    "trl",
+    "peft",
+    "accelerate",
+    "vllm",
+)
 
 
 def versions() -> dict[str, str | None]:

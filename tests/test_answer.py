@@ -32,6 +32,8 @@ def answered(tmp_path_factory, make_workflow):
     workflow = make_workflow(tmp_path_factory.mktemp("answer"))
 
     def config(c):
+        # 32 tasks (24 to train on, 8 held out): the warm start plays 24 demonstrations, not 96.
+        c["tasks"]["factory"]["per_family"] = 32
         c["training"]["sft"].update(steps=2, batch_size=4)
         c["training"]["grpo"].update(
             num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=24
@@ -39,7 +41,7 @@ def answered(tmp_path_factory, make_workflow):
 
     def target(t):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
-        # One evaluation seed: 32 held-out episodes per checkpoint, a quarter of the default's.
+        # One evaluation seed: 8 held-out episodes per checkpoint.
         t["evaluation"].update(checkpoint_interval=4, max_steps=1, seeds=[0])
         t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})
         t.setdefault("confirmation", {"delta": 0.05})
