@@ -38,6 +38,8 @@ def test_the_cpu_default_builds_the_grpo_settings_it_always_had():
     }
     assert c.lora_config(settings) is None
     assert c.launcher(settings) == ["python", "-m"]
+    two = c.compute_settings({**training, "compute": {"processes": 2}})
+    assert c.launcher(two)[:1] == ["torchrun"] and c.launcher(two)[-2:] == ["-m", "--"]
 
 
 def test_the_real_deployment_config_builds_trl_peft_and_vllm_settings(tmp_path):
@@ -87,7 +89,11 @@ def test_server_mode_serves_the_checked_model_with_processed_logprobs():
             lambda t: t["grpo"].update(turn_end="bias"),
             "training.grpo.turn_end: bias is transformers' sequence bias, which vLLM does not have",
         ),
-        (lambda t: t["compute"].update(processes=2), "training on several processes is not built"),
+        (lambda t: t["compute"].update(processes=4), "4 processes would split a GRPO group"),
+        (
+            lambda t: t["compute"].update(processes=2, vllm={"mode": "server"}),
+            "one vLLM server for several training processes is not built yet",
+        ),
         (
             lambda t: t["compute"].update(per_device_batch=3),
             "per_device_batch: 3 does not divide the 16 completions",

@@ -121,6 +121,9 @@ class Ledger:
     on_record: Callable[[float], None] | None = field(default=None, repr=False)
     # DRUMS_RECORD=path.jsonl: one more line per scored trace, in drums-verifiers' format.
     drums_record: str | None = field(default_factory=lambda: os.environ.get("DRUMS_RECORD") or None)
+    # A run on several processes (trainer/ranks.py): each process's attempts wait here until the
+    # step's end, when rank 0 records every rank's, in rank order. None: each is recorded at once.
+    pending: list | None = field(default=None, repr=False)
 
     def start(self) -> None:
         """Mark the first training step; wall-clock and host-hours count from here (a restarted
@@ -154,7 +157,12 @@ class Ledger:
     def wall_clock_s(self) -> float:
         return 0.0 if self.started is None else self.clock() - self.started
 
-    def record(self, attempt: Attempt, step: int) -> dict:
+    def record(self, attempt: Attempt, step: int, rank: int | None = None) -> dict | None:
+        """Count the attempt and write its line (with the rank of the process that played it,
+        on a run of several); on a process whose attempts rank 0 records, keep it for that."""
+        if self.pending is not None and rank is None:
+            self.pending.append((attempt, step))
+            return None
         self.start()
         if attempt.valid:
             self.valid += 1
@@ -172,6 +180,7 @@ class Ledger:
             "failed_gates": list(attempt.failed_gates),
             "audit_flags": list(attempt.audit_flags),
             "reward": attempt.reward,
+            **({"rank": rank} if rank is not None else {}),
         }
         append_jsonl(self.trajectories_path, line)
         if self.drums_record:
@@ -179,6 +188,11 @@ class Ledger:
         if self.on_record:
             self.on_record(self.wall_clock_s())
         return line
+
+    def take_pending(self) -> list:
+        """The attempts kept since the last call, as (attempt, step) pairs."""
+        taken, self.pending = self.pending or [], []
+        return taken
 
     def checkpoint_due(self) -> bool:
         return self.valid >= (self.checkpoints + 1) * self.checkpoint_interval

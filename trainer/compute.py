@@ -87,13 +87,10 @@ def check(compute: Compute, training: dict) -> None:
             "training.grpo.turn_end: bias is transformers' sequence bias, which vLLM does not "
             "have; set turn_end: none (the model ends its turns itself, in evaluation too)"
         )
-    if compute.processes > 1:
-        # Under accelerate every rank would open its own arm and write the same ledger; until one
-        # rank owns the ledger, checkpoints and budget, a run has one process (one GPU; vLLM
-        # may have others through server_gpus or tensor_parallel_size).
+    if compute.processes > 1 and compute.vllm is not None and compute.vllm.mode == "server":
         raise ConfigError(
-            f"{where}.processes: {compute.processes}: training on several processes is not "
-            "built yet (one rank must own the ledger, checkpoints and budget); use 1"
+            f"{where}.processes: one vLLM server for several training processes is not built "
+            "yet; use vllm mode colocate (each process generates its own share)"
         )
     batch = training["grpo"]["num_generations"] * training["grpo"]["prompts_per_step"]
     per_step = batch // compute.processes
@@ -101,6 +98,13 @@ def check(compute: Compute, training: dict) -> None:
         raise ConfigError(
             f"{where}.processes: {compute.processes} does not divide the step's {batch} "
             "completions (num_generations x prompts_per_step)"
+        )
+    groups = training["grpo"]["num_generations"]
+    if per_step % groups:
+        raise ConfigError(
+            f"{where}.processes: {compute.processes} processes would split a GRPO group across "
+            f"processes ({per_step} completions each, groups of {groups}); a group is one task's "
+            "rollouts on one process's environments"
         )
     if compute.per_device_batch is not None and per_step % compute.per_device_batch:
         raise ConfigError(
@@ -238,10 +242,15 @@ def vllm_serve_command(compute: Compute, model_dir: str) -> list[str]:
 
 
 def launcher(compute: Compute) -> list[str]:
-    """The command a training job's Python module is started with: plain python for one process,
-    `accelerate launch` (with the config's file if any) for several."""
+    """The command a training job's Python module is started with: plain python for one process;
+    several on the CPU under torchrun (gloo), on GPUs under `accelerate launch` (with the
+    config's file if any). Each process learns its rank from the launcher's environment
+    (trainer/ranks.py)."""
     if compute.processes == 1 and compute.accelerate_config is None:
         return ["python", "-m"]
+    if compute.cpu:
+        # "--": the job's own options are not torchrun's (it would take --run for --run-path)
+        return ["torchrun", "--standalone", "--nproc_per_node", str(compute.processes), "-m", "--"]
     command = ["accelerate", "launch", "--num_processes", str(compute.processes)]
     if compute.accelerate_config:
         command += ["--config_file", compute.accelerate_config]

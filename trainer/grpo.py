@@ -32,7 +32,9 @@ is its `compute`, trainer/compute.py), the checkpoint interval and the budget fr
 pre-registration. The GPU path (device cuda, bf16, LoRA through peft, vLLM colocated or as a
 `trl vllm-serve` server this job starts and stops) is built and checked on the CPU short of CUDA
 (tests/test_compute.py, tests/test_generation.py, tests/test_vllm_server.py); it has not yet run
-on a GPU, and one process trains (several are refused until one rank owns the ledger).
+on a GPU. Several processes (training.compute.processes) each play their share of a step on their
+own arm, and rank 0 owns the ledger, the checkpoints and the budget (trainer/ranks.py,
+tests/test_ranks.py).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from envab.trainer.guards import (
     heldout_ids,
 )
 from envab.trainer.model import ModelPinError, load_checked
+from envab.trainer.ranks import Ranks
 from envab.trainer.resume import (
     KILL_ENV,
     Journal,
@@ -303,8 +306,10 @@ class Accounting(TrainerCallback):
         processor,
         console: Console,
         tracker,
+        ranks: Ranks,
     ):
         self.run, self.budget, self.outputs = run, budget, outputs
+        self.ranks = ranks
         self.journal, self.restart = journal, restart
         self.frozen_utc, self.processor = frozen_utc, processor
         self.console, self.tracker = console, tracker
@@ -319,11 +324,14 @@ class Accounting(TrainerCallback):
             mininterval=0,
             dynamic_ncols=False,
             ascii=True,
+            disable=not ranks.main,
         )
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         ledger = self.run.ledger
-        if ledger.started is None and self.restart is None:
+        if not self.ranks.main:
+            pass  # rank 0 saves the starting model and starts the clock
+        elif ledger.started is None and self.restart is None:
             self._save(model, START_CHECKPOINT, 0)
             ledger.start()
             first_step_after_freeze(ledger.started_utc, self.frozen_utc)
@@ -354,6 +362,9 @@ class Accounting(TrainerCallback):
         moment("step_end")
         ledger = self.run.ledger
         self.step_s = time.monotonic() - self.step_started
+        if self.ranks.several:
+            self._follow(ledger, state, control, model)
+            return
         self.progress.update(ledger.valid - self.progress.n)
         self.progress.set_postfix(invalid=ledger.invalid, step=state.global_step)
         while ledger.checkpoint_due():
@@ -370,8 +381,36 @@ class Accounting(TrainerCallback):
         if self.stop_reason:
             control.should_training_stop = True
 
+    def _follow(self, ledger: Ledger, state, control, model) -> None:
+        """A step's end on several processes: rank 0 records every rank's attempts, saves what
+        came due and decides the stop; every rank then does as rank 0 decided."""
+        gathered = self.ranks.gather(ledger.take_pending())
+        decision = {"save": False, "stop": None}
+        if self.ranks.main:
+            for rank, attempts in enumerate(gathered):
+                for attempt, step in attempts:
+                    ledger.record(attempt, step, rank=rank)
+            self.progress.update(ledger.valid - self.progress.n)
+            while ledger.checkpoint_due():
+                name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
+                record = self._save(model, name, state.global_step)
+                self.console.say(self._checkpoint_line(record))
+                self.last_saved = name
+                decision["save"] = True
+            self.journal.beat(ledger.wall_clock_s())
+            decision["stop"] = ledger.stop_reason(
+                self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
+            )
+        decision = self.ranks.broadcast(decision)
+        control.should_save = control.should_save or decision["save"]
+        self.stop_reason = decision["stop"]
+        if self.stop_reason:
+            control.should_training_stop = True
+
     def on_save(self, args, state, control, **kwargs):
         """TRL's checkpoint of this step is whole: the run can resume from here."""
+        if not self.ranks.main:
+            return
         moment("resume_point")
         self._save_point(self.last_saved, state.global_step, f"checkpoint-{state.global_step}")
 
@@ -476,6 +515,7 @@ def build_trainer(
     args,
     console: Console,
     tracker,
+    ranks: Ranks,
 ) -> tuple[ResumableGRPOTrainer, Accounting]:
     """TRL's GRPOTrainer on the arm's fork groups, and its Accounting callback."""
     settings = inputs.settings
@@ -499,6 +539,7 @@ def build_trainer(
         prepared.processor,
         console,
         tracker,
+        ranks,
     )
     trainer = ResumableGRPOTrainer(
         model=prepared.model,
@@ -511,6 +552,7 @@ def build_trainer(
         callbacks=[callback],
         peft_config=lora_config(inputs.compute),
         steps_path=journal.records["steps"],
+        ranks=ranks,
         step_times=run.times,
     )
     return trainer, callback
@@ -558,7 +600,8 @@ def grpo_config(
 # --- 4. run --------------------------------------------------------------------------------------
 
 
-def train(args, console: Console) -> dict:
+def train(args, console: Console, ranks: Ranks) -> dict | None:
+    """The run; its record from rank 0, None from the other ranks of a run on several."""
     outputs = Outputs(
         Path(args.trajectories),
         Path(args.checkpoint_records),
@@ -567,22 +610,42 @@ def train(args, console: Console) -> dict:
         Path(args.steps),
     )
     journal = Journal(outputs.run.parent)
+    ranks.start()
     inputs = check_inputs(args, outputs, journal)
-    ledger, restart = open_ledger(inputs, outputs, journal, console)
+    if ranks.several and journal.point_path.is_file():
+        raise GuardError(
+            f"{journal.dir} holds a resume point, and a run on several processes cannot resume "
+            "yet; remove the run's folder to train it again"
+        )
+    ranks.barrier()  # every rank checked the outputs before rank 0 opens them
+    if ranks.main:
+        ledger, restart = open_ledger(inputs, outputs, journal, console)
+    else:  # counts nothing itself: its attempts go to rank 0 at each step's end
+        ledger, restart = follower_ledger(inputs, journal), None
+    if ranks.several:
+        ledger.pending = []
+        ledger.hosts = ranks.count  # each process holds its own arm for the whole run
+    ranks.barrier()
     prepared = prepare(inputs, args.model)
-    tracker = start_run(
-        "train",
-        inputs.prereg.experiment_id,
-        inputs.arm,
-        inputs.seed,
-        sha256_file(args.target),
-        {
-            "training": inputs.pins["training"],
-            "arm_config": public_arm_config(inputs.pins["arm_config"]),
-            "budget": asdict(inputs.prereg.budget),
-        },
-        directory=args.wandb_dir,
+    tracker = (
+        start_run(
+            "train",
+            inputs.prereg.experiment_id,
+            inputs.arm,
+            inputs.seed,
+            sha256_file(args.target),
+            {
+                "training": inputs.pins["training"],
+                "arm_config": public_arm_config(inputs.pins["arm_config"]),
+                "budget": asdict(inputs.prereg.budget),
+            },
+            directory=args.wandb_dir,
+        )
+        if ranks.main
+        else Silent()
     )
+    if ranks.several and inputs.pins["training"].get("cpus"):
+        raise ConfigError("training.cpus pins one training process; not with several processes")
     placement = place(inputs.pins["training"].get("cpus"))
     started = machine_load.Snapshot.now()
     # A server-mode run's vLLM server logs beside the job.
@@ -592,7 +655,9 @@ def train(args, console: Console) -> dict:
     with (
         served(inputs.compute, args.model, vllm_log) as server,
         open_arm(
-            inputs.pins["arm_config"], log_path=args.host_log, allow_faults=bool(inputs.faults)
+            inputs.pins["arm_config"],
+            log_path=rank_path(args.host_log, ranks),
+            allow_faults=bool(inputs.faults),
         ) as backend,
     ):
         groups = ForkGroups(
@@ -605,7 +670,17 @@ def train(args, console: Console) -> dict:
             parallel=inputs.settings.parallel_creates,
         )
         trainer, callback = build_trainer(
-            inputs, prepared, ledger, groups, outputs, journal, restart, args, console, tracker
+            inputs,
+            prepared,
+            ledger,
+            groups,
+            outputs,
+            journal,
+            restart,
+            args,
+            console,
+            tracker,
+            ranks,
         )
         resume_from = None
         if restart is not None:  # the attempt ordinal and the backend's draws as they were
@@ -624,16 +699,53 @@ def train(args, console: Console) -> dict:
         environment = backend.describe() if hasattr(backend, "describe") else None
     # After the arm is closed, so that its processes' CPU time is counted.
     measured = machine_load.since(started)
+    if not ranks.main:
+        return None
     return write_record(
         inputs,
         ledger,
         trainer,
         callback,
-        {"environment": environment, "load": measured, "placement": placement, "vllm": server},
+        {
+            "environment": environment,
+            "load": measured,
+            "placement": placement,
+            "vllm": server,
+            "processes": ranks.count,  # each with its own arm; rank 0 recorded every attempt
+        },
         args,
         outputs,
         journal,
     )
+
+
+def follower_ledger(inputs: RunInputs, journal: Journal) -> Ledger:
+    """The ledger of a rank other than 0: it keeps its attempts for rank 0 and writes nothing."""
+    return Ledger(
+        trajectories_path=str(journal.records["trajectories"]),
+        checkpoints_path=str(journal.records["checkpoints"]),
+        arm=inputs.arm,
+        seed=inputs.seed,
+        checkpoint_interval=inputs.prereg.evaluation.checkpoint_interval,
+        prices=Prices(inputs.prereg.prices.host(inputs.arm), 0.0),
+    )
+
+
+def rank_path(path: str | None, ranks: Ranks) -> str | None:
+    """A per-process file beside `path` for the ranks other than 0 (rank 0 keeps `path`)."""
+    if path is None or ranks.main:
+        return path
+    return str(Path(path).with_suffix(f".rank{ranks.index}{Path(path).suffix}"))
+
+
+class Silent:
+    """The tracker of a rank other than 0: rank 0 logs the run."""
+
+    def log(self, *args, **kwargs) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
 
 
 def place(cpus: dict | None) -> dict | None:
@@ -735,13 +847,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="the job's log; the console then gets a line per checkpoint")
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
+    ranks = Ranks()  # this process among the run's (trainer/ranks.py); rank 0 keeps the job's log
     console = job_console(
-        f"train {run_dir.parent.name} {run_dir.name}", args.log, "GRPO until the budget is spent"
+        f"train {run_dir.parent.name} {run_dir.name}"
+        + (f" rank {ranks.index}" if ranks.several else ""),
+        rank_path(args.log, ranks),
+        "GRPO until the budget is spent",
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     try:
-        record = train(args, console)
+        record = train(args, console, ranks)
+        if record is None:  # a rank other than 0: rank 0 reports the run
+            return 0
     except (GuardError, ConfigError, ModelPinError, ArmError) as e:
         print(f"error: {e}", file=sys.stderr)
         console.say(f"error: {e}")

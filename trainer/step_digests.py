@@ -22,6 +22,7 @@ import torch
 from trl import GRPOTrainer
 
 from envab.io import append_jsonl
+from envab.trainer.ranks import Ranks
 
 FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "pixel_values")
 
@@ -53,10 +54,12 @@ def step_record(step: int, batch: dict, rewards: torch.Tensor | None) -> dict:
 class DigestingGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, writing one digest line per generation batch to `steps_path`."""
 
-    def __init__(self, *args, steps_path: str | Path, **kwargs):
+    def __init__(self, *args, steps_path: str | Path, ranks: Ranks | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps_path = Path(steps_path)
-        self.steps_path.touch()  # exists from the start, even if no step runs (appended to)
+        self.ranks = ranks or Ranks()
+        if self.ranks.main:
+            self.steps_path.touch()  # exists from the start, even if no step runs (appended to)
         self._step_rewards: torch.Tensor | None = None
 
     def _calculate_rewards(self, *args, **kwargs):
@@ -65,7 +68,12 @@ class DigestingGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
-        append_jsonl(
-            self.steps_path, step_record(self.state.global_step + 1, batch, self._step_rewards)
-        )
+        record = step_record(self.state.global_step + 1, batch, self._step_rewards)
+        if not self.ranks.several:
+            append_jsonl(self.steps_path, record)
+            return batch
+        # Several processes: each one's share of the batch, written by rank 0 in rank order.
+        for rank, share in enumerate(self.ranks.gather(record)):
+            if self.ranks.main:
+                append_jsonl(self.steps_path, {**share, "rank": rank})
         return batch
