@@ -243,16 +243,8 @@ def open_ledger(
         },
         outputs.checkpoints,
     )
-    prices = inputs.prereg.prices
-    ledger = Ledger(
-        trajectories_path=str(journal.records["trajectories"]),
-        checkpoints_path=str(journal.records["checkpoints"]),
-        arm=inputs.arm,
-        seed=inputs.seed,
-        checkpoint_interval=inputs.prereg.evaluation.checkpoint_interval,
-        prices=Prices(prices.host(inputs.arm), prices.inference_usd_per_hour),
-        on_record=journal.beat,
-    )
+    ledger = new_ledger(inputs, journal)
+    ledger.on_record = journal.beat
     if restart is not None:
         ledger.restore(restart.point.ledger, restart.wall_clock_s)
         console.say(
@@ -362,50 +354,39 @@ class Accounting(TrainerCallback):
         moment("step_end")
         ledger = self.run.ledger
         self.step_s = time.monotonic() - self.step_started
-        if self.ranks.several:
-            self._follow(ledger, state, control, model)
-            return
+        if self.ranks.several:  # every rank's attempts to rank 0, which decides for all
+            gathered = self.ranks.gather(ledger.take_pending())
+            decision = (False, None)
+            if self.ranks.main:
+                for rank, attempts in enumerate(gathered):
+                    for attempt, step in attempts:
+                        ledger.record(attempt, step, rank=rank)
+                decision = self._account(ledger, state, model)
+            saved, self.stop_reason = self.ranks.broadcast(decision)
+        else:
+            saved, self.stop_reason = self._account(ledger, state, model)
+        if saved:
+            control.should_save = True  # TRL's state of this step too, then a resume point
+        if self.stop_reason:
+            control.should_training_stop = True
+
+    def _account(self, ledger: Ledger, state, model) -> tuple[bool, str | None]:
+        """Rank 0's part of a step's end: the progress bar, the checkpoints that came due, the
+        heartbeat, and the budget's verdict; (whether a checkpoint was saved, why to stop)."""
         self.progress.update(ledger.valid - self.progress.n)
         self.progress.set_postfix(invalid=ledger.invalid, step=state.global_step)
+        saved = False
         while ledger.checkpoint_due():
             name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
             record = self._save(model, name, state.global_step)
             log.info("checkpoint %s at %d valid trajectories", name, record["valid_trajectories"])
             self.console.say(self._checkpoint_line(record))
             self.last_saved = name
-            control.should_save = True  # TRL's state of this step too, then a resume point
+            saved = True
         self.journal.beat(ledger.wall_clock_s())
-        self.stop_reason = ledger.stop_reason(
+        return saved, ledger.stop_reason(
             self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
         )
-        if self.stop_reason:
-            control.should_training_stop = True
-
-    def _follow(self, ledger: Ledger, state, control, model) -> None:
-        """A step's end on several processes: rank 0 records every rank's attempts, saves what
-        came due and decides the stop; every rank then does as rank 0 decided."""
-        gathered = self.ranks.gather(ledger.take_pending())
-        decision = {"save": False, "stop": None}
-        if self.ranks.main:
-            for rank, attempts in enumerate(gathered):
-                for attempt, step in attempts:
-                    ledger.record(attempt, step, rank=rank)
-            self.progress.update(ledger.valid - self.progress.n)
-            while ledger.checkpoint_due():
-                name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
-                record = self._save(model, name, state.global_step)
-                self.console.say(self._checkpoint_line(record))
-                self.last_saved = name
-                decision["save"] = True
-            self.journal.beat(ledger.wall_clock_s())
-            decision["stop"] = ledger.stop_reason(
-                self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
-            )
-        decision = self.ranks.broadcast(decision)
-        control.should_save = control.should_save or decision["save"]
-        self.stop_reason = decision["stop"]
-        if self.stop_reason:
-            control.should_training_stop = True
 
     def on_save(self, args, state, control, **kwargs):
         """TRL's checkpoint of this step is whole: the run can resume from here."""
@@ -621,7 +602,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
     if ranks.main:
         ledger, restart = open_ledger(inputs, outputs, journal, console)
     else:  # counts nothing itself: its attempts go to rank 0 at each step's end
-        ledger, restart = follower_ledger(inputs, journal), None
+        ledger, restart = new_ledger(inputs, journal), None
     if ranks.several:
         ledger.pending = []
         ledger.hosts = ranks.count  # each process holds its own arm for the whole run
@@ -719,15 +700,17 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
     )
 
 
-def follower_ledger(inputs: RunInputs, journal: Journal) -> Ledger:
-    """The ledger of a rank other than 0: it keeps its attempts for rank 0 and writes nothing."""
+def new_ledger(inputs: RunInputs, journal: Journal) -> Ledger:
+    """The run's counters at zero, writing to the journal's record files. A rank other than 0
+    keeps one too, only to hold its attempts for rank 0: it never writes."""
+    prices = inputs.prereg.prices
     return Ledger(
         trajectories_path=str(journal.records["trajectories"]),
         checkpoints_path=str(journal.records["checkpoints"]),
         arm=inputs.arm,
         seed=inputs.seed,
         checkpoint_interval=inputs.prereg.evaluation.checkpoint_interval,
-        prices=Prices(inputs.prereg.prices.host(inputs.arm), 0.0),
+        prices=Prices(prices.host(inputs.arm), prices.inference_usd_per_hour),
     )
 
 

@@ -248,19 +248,16 @@ def load(
     elif not model_dir.is_dir():
         raise ModelPinError(f"model folder {model_dir} does not exist")
     base = adapter_base(model_dir)
-    if base is not None:  # a LoRA checkpoint: its base model with the adapters merged in
-        if base_expected is not None:
-            check_manifest(base, base_expected)
+    if base is not None and base_expected is not None:
+        check_manifest(base, base_expected)
+    model = AutoModelForImageTextToText.from_pretrained(
+        base or model_dir, local_files_only=True, dtype=getattr(torch, dtype)
+    )
+    if base is not None:  # a LoRA checkpoint: its adapters merged into its base
         from peft import PeftModel
 
-        model = AutoModelForImageTextToText.from_pretrained(
-            base, local_files_only=True, dtype=getattr(torch, dtype)
-        )
-        model = PeftModel.from_pretrained(model, model_dir).merge_and_unload().eval()
-    else:
-        model = AutoModelForImageTextToText.from_pretrained(
-            model_dir, local_files_only=True, dtype=getattr(torch, dtype)
-        ).eval()
+        model = PeftModel.from_pretrained(model, model_dir).merge_and_unload()
+    model.eval()
     if device != "cpu":
         model.to(device)
     # The processor's documented bounds (e.g. Qwen3-VL's model card): each image is resized to
