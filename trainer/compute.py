@@ -9,11 +9,11 @@ evaluation, frozen in the pins (a run on other hardware settings is another run,
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 from dataclasses import dataclass, field
 
+from envab import software
 from envab.schema import ConfigError
 
 
@@ -192,14 +192,7 @@ def check_cuda(vllm: bool = False) -> None:
         )
     if not vllm:
         return
-    check_vllm_version(installed("vllm"))
-
-
-def installed(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    check_vllm_version(software.versions()["vllm"])
 
 
 def check_vllm_version(version: str | None) -> None:
