@@ -39,7 +39,8 @@ def test_the_cpu_default_builds_the_grpo_settings_it_always_had():
     assert c.lora_config(settings) is None
     assert c.launcher(settings) == ["python", "-m"]
     two = c.compute_settings({**training, "compute": {"processes": 2}})
-    assert c.launcher(two)[:1] == ["torchrun"] and c.launcher(two)[-2:] == ["-m", "--"]
+    assert c.launcher(two)[:4] == ["accelerate", "launch", "--num_processes", "2"]
+    assert "--multi_gpu" in c.launcher(two) and c.launcher(two)[-1] == "-m"
 
 
 def test_the_real_deployment_config_builds_trl_peft_and_vllm_settings(tmp_path):

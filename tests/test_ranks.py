@@ -1,4 +1,4 @@
-"""A run on two training processes (torchrun on the CPU, gloo): each process generates its share
+"""A run on two training processes (`accelerate launch` on the CPU, gloo): each process generates its share
 of a step's groups against its own arm, and rank 0 alone owns what the run writes. The counts
 reconcile exactly: every rank's attempts are in the one ledger, the budget stops both processes
 at the same step, each checkpoint is saved once, and run.json counts what the records hold."""
@@ -54,6 +54,8 @@ def test_every_ranks_attempts_are_in_the_one_ledger(two_processes):
     assert run["valid_trajectories"] == sum(a["verdict"] == "valid" for a in attempts)
     assert run["invalid_discarded"] == len(attempts) - run["valid_trajectories"]
     assert run["valid_trajectories"] >= 8 and run["stop_reason"] == "max_valid_trajectories"
+    # Each process opened its own environments: no session id is shared between them.
+    assert len({a["env_id"] for a in attempts}) == len(attempts)
     # Both processes held an arm for the whole run: twice the host-hours of its wall-clock.
     assert run["env_host_hours"] == pytest.approx(2 * run["wall_clock_s"] / 3600)
     digests = lines(two_processes / RUN / "steps.jsonl")

@@ -235,16 +235,17 @@ def vllm_serve_command(compute: Compute, model_dir: str) -> list[str]:
 
 
 def launcher(compute: Compute) -> list[str]:
-    """The command a training job's Python module is started with: plain python for one process;
-    several on the CPU under torchrun (gloo), on GPUs under `accelerate launch` (with the
-    config's file if any). Each process learns its rank from the launcher's environment
-    (trainer/ranks.py)."""
+    """The command a training job's Python module is started with: plain python for one process,
+    `accelerate launch` for several (with the config's file if any). Each process learns its rank
+    from the launcher's environment (trainer/ranks.py)."""
     if compute.processes == 1 and compute.accelerate_config is None:
         return ["python", "-m"]
-    if compute.cpu:
-        # "--": the job's own options are not torchrun's (it would take --run for --run-path)
-        return ["torchrun", "--standalone", "--nproc_per_node", str(compute.processes), "-m", "--"]
     command = ["accelerate", "launch", "--num_processes", str(compute.processes)]
     if compute.accelerate_config:
         command += ["--config_file", compute.accelerate_config]
+    elif compute.cpu:
+        # accelerate's torchrun-based launcher (its --cpu launcher starts one process, or needs
+        # MPI); the processes join gloo because training asks for the CPU (use_cpu)
+        command += ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no"]
+        command += ["--dynamo_backend", "no"]
     return [*command, "-m"]

@@ -1,4 +1,4 @@
-"""The training job's processes: one, or several under `torchrun` / `accelerate launch`
+"""The training job's processes: one, or several under `accelerate launch`
 (training.compute.processes), each generating its share of a step's groups against its own
 environments. Rank 0 owns what the run writes: it opens the journal, records every rank's
 attempts in the ledger (gathered at each step's end, in rank order), decides checkpoints and the
