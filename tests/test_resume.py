@@ -20,8 +20,7 @@ def point(journal: Journal, checkpoint: str, trl: str | None, wall: float) -> Re
         trl_checkpoint=trl,
         offsets=journal.offsets(),
         ledger={"wall_clock_s": wall},
-        resets=12,
-        backend=None,
+        draws=[{"resets": 12, "backend": None}],
         utc="2026-01-01T00:00:00.000000Z",
     )
 
@@ -51,7 +50,7 @@ def test_a_restart_cuts_every_record_back_to_the_resume_point(tmp_path):
 
     restart = Journal(tmp_path).open()
     assert (restart.lost, restart.lost_s, restart.wall_clock_s) == (2, 4.5, 14.5)
-    assert restart.point.resets == 12
+    assert restart.point.draws == [{"resets": 12, "backend": None}]
     read = lambda stem: [json.loads(x) for x in records[stem].read_text().splitlines()]  # noqa: E731
     assert read("trajectories") == [{"n": 0, "verdict": "valid"}]
     assert read("checkpoints") == [{"checkpoint": "valid-000002"}]

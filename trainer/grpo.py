@@ -307,6 +307,7 @@ class Accounting(TrainerCallback):
         self.console, self.tracker = console, tracker
         self.stop_reason: str | None = None
         self.last_saved = restart.point.checkpoint if restart else START_CHECKPOINT
+        self.begun = False  # this process has begun a step
         self.step_started = 0.0
         self.step_s = 0.0
         self.progress = tqdm(
@@ -321,14 +322,14 @@ class Accounting(TrainerCallback):
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         ledger = self.run.ledger
-        if not self.ranks.main:
-            pass  # rank 0 saves the starting model and starts the clock
-        elif ledger.started is None and self.restart is None:
-            self._save(model, START_CHECKPOINT, 0)
-            ledger.start()
-            first_step_after_freeze(ledger.started_utc, self.frozen_utc)
+        first, self.begun = not self.begun, True
+        if first and self.restart is None:  # rank 0 saves the model and starts the clock
+            if self.ranks.main:
+                self._save(model, START_CHECKPOINT, 0)
+                ledger.start()
+                first_step_after_freeze(ledger.started_utc, self.frozen_utc)
             self._save_point(START_CHECKPOINT, 0, None)
-        elif ledger.started is None:  # the first step after a restart: the downtime ends here
+        elif first and self.ranks.main:  # the first step after a restart: the downtime ends here
             ledger.start()
             now = utc_now()
             downtime = seconds_between(self.restart.heartbeat_utc, now)
@@ -390,13 +391,21 @@ class Accounting(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         """TRL's checkpoint of this step is whole: the run can resume from here."""
-        if not self.ranks.main:
-            return
-        moment("resume_point")
+        if self.ranks.main:
+            moment("resume_point")
         self._save_point(self.last_saved, state.global_step, f"checkpoint-{state.global_step}")
 
     def _save_point(self, checkpoint: str, step: int, trl_checkpoint: str | None) -> None:
+        """Every rank's draws to rank 0, which writes the point."""
         backend = self.run.groups.backend
+        draws = self.ranks.gather(
+            {
+                "resets": self.run.groups.resets,
+                "backend": backend.resume_state() if hasattr(backend, "resume_state") else None,
+            }
+        )
+        if not self.ranks.main:
+            return
         self.journal.save_point(
             ResumePoint(
                 checkpoint=checkpoint,
@@ -404,8 +413,7 @@ class Accounting(TrainerCallback):
                 trl_checkpoint=trl_checkpoint,
                 offsets=self.journal.offsets(),
                 ledger=self.run.ledger.state(),
-                resets=self.run.groups.resets,
-                backend=backend.resume_state() if hasattr(backend, "resume_state") else None,
+                draws=draws,
                 utc=utc_now(),
             )
         )
@@ -593,16 +601,17 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
     journal = Journal(outputs.run.parent)
     ranks.start()
     inputs = check_inputs(args, outputs, journal)
-    if ranks.several and journal.point_path.is_file():
-        raise GuardError(
-            f"{journal.dir} holds a resume point, and a run on several processes cannot resume "
-            "yet; remove the run's folder to train it again"
-        )
     ranks.barrier()  # every rank checked the outputs before rank 0 opens them
     if ranks.main:
         ledger, restart = open_ledger(inputs, outputs, journal, console)
     else:  # counts nothing itself: its attempts go to rank 0 at each step's end
         ledger, restart = new_ledger(inputs, journal), None
+    restart = ranks.broadcast(restart)  # each rank resumes its own draws from rank 0's point
+    if restart is not None and len(restart.point.draws) != ranks.count:
+        raise GuardError(
+            f"{journal.dir}: the run was started on {len(restart.point.draws)} training "
+            f"processes and cannot resume on {ranks.count}"
+        )
     if ranks.several:
         ledger.pending = []
         ledger.hosts = ranks.count  # each process holds its own arm for the whole run
@@ -664,10 +673,11 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
             ranks,
         )
         resume_from = None
-        if restart is not None:  # the attempt ordinal and the backend's draws as they were
-            groups.resets = restart.point.resets
-            if restart.point.backend is not None:
-                backend.restore_state(restart.point.backend)
+        if restart is not None:  # this rank's attempt ordinal and backend's draws as they were
+            draws = restart.point.draws[ranks.index]
+            groups.resets = draws["resets"]
+            if draws["backend"] is not None:
+                backend.restore_state(draws["backend"])
             if restart.point.trl_checkpoint:
                 resume_from = str(journal.trl / restart.point.trl_checkpoint)
         try:

@@ -76,8 +76,9 @@ class ResumePoint:
     trl_checkpoint: str | None  # folder under trl/; None: the start, before the first update
     offsets: dict[str, int]  # record stem -> its length in bytes at this point
     ledger: dict  # the ledger's counters (Ledger.state)
-    resets: int  # attempts started (ForkGroups' ordinal)
-    backend: dict | None  # a control backend's draws, when the arm has one
+    # Each training process's own draws, in rank order: {"resets": attempts started (ForkGroups'
+    # ordinal), "backend": a control backend's state when the arm has one, else None}
+    draws: list[dict]
     utc: str
 
     @classmethod
