@@ -28,6 +28,8 @@ rule outcome:
         runs=run_arguments,
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/outcome.tsv",
     log:
         f"{LOGS}/outcome.log",
     shell:
@@ -57,6 +59,8 @@ rule run_table:
         wandb=f"{RESULTS}/wandb",  # the run's held-out curve, as a wandb run
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/run_table/{{arm}}_seed{{seed}}.tsv",
     log:
         f"{LOGS}/run_table_{{arm}}_seed{{seed}}.log",
     shell:
@@ -80,6 +84,8 @@ rule verification:
         ),
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/verification.tsv",
     log:
         f"{LOGS}/verification.log",
     shell:
@@ -94,6 +100,8 @@ rule report:
         "report.html",
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/report.tsv",
     log:
         f"{LOGS}/report.log",
     shell:

@@ -70,6 +70,7 @@ config["preregistered"] = {**PREREG.as_dict(), "sha256": sha256_file(config["pre
 RESULTS = f"results/{EXP}"
 RECEIPTS = f"receipts/{EXP}"
 LOGS = f"logs/{EXP}"
+BENCHMARKS = f"benchmarks/{EXP}"  # each job's wall-clock, CPU time and memory (Snakemake)
 EVALUATIONS = f"{RESULTS}/evaluations"  # evaluation records by key, each played once
 PREREG_RECEIPT = f"{RECEIPTS}/preregistration.json"
 FROZEN = [f"{RECEIPTS}/{name}" for name in FREEZE_RECEIPTS]  # what every later job builds on

@@ -17,6 +17,8 @@ rule controls:
         runs=control_run_arguments,
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/controls.tsv",
     log:
         f"{LOGS}/controls.log",
     shell:

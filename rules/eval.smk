@@ -25,6 +25,8 @@ rule eval:
     threads: whole_machine()
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/eval/{{arm}}_seed{{seed}}_{{name}}.tsv",
     log:
         f"{LOGS}/eval_{{arm}}_seed{{seed}}_{{name}}.log",
     shell:
@@ -59,6 +61,8 @@ if PREREG.confirmation:
         threads: whole_machine()  # as every evaluation: never beside a timed training run
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/confirm/{{arm}}_seed{{seed}}.tsv",
         log:
             f"{LOGS}/confirm_{{arm}}_seed{{seed}}.log",
         shell:

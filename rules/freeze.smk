@@ -10,6 +10,8 @@ rule freeze_target:
         protected(f"{RECEIPTS}/preregistration.json"),
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/freeze_target.tsv",
     log:
         f"{LOGS}/freeze_target.log",
     shell:
@@ -31,6 +33,8 @@ if "factory" in config["tasks"]:
             layout=factory_layout_args(config["tasks"]["factory"]),
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/tasks.tsv",
         log:
             f"{LOGS}/tasks.log",
         shell:
@@ -58,6 +62,8 @@ elif "osworld" in config["tasks"]:
             runnable=RUNNABLE,
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/tasks.tsv",
         log:
             f"{LOGS}/tasks.log",
         shell:
@@ -79,6 +85,8 @@ else:
             runnable=RUNNABLE,
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/tasks.tsv",
         log:
             f"{LOGS}/tasks.log",
         shell:
@@ -103,6 +111,8 @@ rule split:
         stratify=config["split"]["stratify"],
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/split.tsv",
     log:
         f"{LOGS}/split.log",
     shell:
@@ -123,6 +133,8 @@ rule code_pins:
         groups=as_arg(config["code_pins"]),
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/code_pins.tsv",
     log:
         f"{LOGS}/code_pins.log",
     shell:
@@ -141,6 +153,8 @@ if MANIFEST_FILE:
             source=config["model"]["source"],
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/pin_model.tsv",
         log:
             f"{LOGS}/pin_model.log",
         shell:
@@ -163,6 +177,8 @@ rule model:
         manifest=MANIFEST_FILE or as_arg(config["model"]["manifest"]),
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/model.tsv",
     log:
         f"{LOGS}/model.log",
     shell:
@@ -183,6 +199,8 @@ rule pins:
         training=as_arg(config["training"]),
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/pins/{{arm}}_seed{{seed}}.tsv",
     log:
         f"{LOGS}/pins_{{arm}}_seed{{seed}}.log",
     shell:
@@ -204,6 +222,8 @@ rule verify:
         receipts=RECEIPTS,
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/verify.tsv",
     log:
         f"{LOGS}/verify.log",
     shell:

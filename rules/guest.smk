@@ -22,6 +22,8 @@ if QEMU_ARMS:
             accel=lambda w: config["arms"][w.arm]["accel"],
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/qemu_guest/{{arm}}.tsv",
         log:
             f"{LOGS}/{{arm}}/guest.log",
         shell:

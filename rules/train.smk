@@ -23,6 +23,8 @@ if SFT_ENABLED:
         threads: whole_machine()
         conda:
             SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/sft.tsv",
         log:
             f"{LOGS}/sft.log",
         shell:
@@ -58,6 +60,8 @@ checkpoint train:
     threads: whole_machine()
     conda:
         SOFTWARE
+    benchmark:
+        f"{BENCHMARKS}/train/{{arm}}_seed{{seed}}.tsv",
     log:
         main=f"{LOGS}/train_{{arm}}_seed{{seed}}.log",
         host=f"{LOGS}/train_{{arm}}_seed{{seed}}.host.log",

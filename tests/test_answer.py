@@ -230,6 +230,33 @@ def test_an_identical_checkpoint_is_played_once_and_reused_by_every_run_that_sav
     assert sum(r["reused_evaluations"] for r in outcome["runs"]) >= 1
 
 
+def test_every_job_has_its_time_and_the_breakdown_by_rule_sums_them(answered):
+    """bench/ab_breakdown.py reads each job's benchmark file (the rules' `benchmark:`)."""
+    out = answered.root / "breakdown.json"
+    script = Path(__file__).resolve().parent.parent / "bench" / "ab_breakdown.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--directory", str(answered.root), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    rules = {r["rule"]: r for r in figures["rules"]}
+    evaluations = list((answered.root / RESULTS).glob("*/seed1/eval/*.json"))
+    assert rules["train"]["jobs"] == 5  # the A/B's two runs and the controls' three
+    assert rules["eval"]["jobs"] == len(evaluations)
+    for rule in ("freeze_target", "split", "model", "code_pins", "sft", "outcome", "report"):
+        assert rules[rule]["jobs"] == 1, rule
+    assert all(job["s"] > 0 and job["peak_pss_mib"] > 0 for job in figures["jobs"])
+    assert sum(r["s"] for r in figures["rules"]) == pytest.approx(
+        sum(j["s"] for j in figures["jobs"])
+    )
+    # The longest rule heads the table.
+    assert max(rules.values(), key=lambda r: r["s"])["rule"] == figures["rules"][0]["rule"]
+    assert re.search(r"\| train \| 5 \| [\d.]+ \|", result.stdout), result.stdout
+
+
 def embedded(report: str, filename: str) -> str:
     """An item's content as report.html embeds it: a base64 data URI that names the file."""
     found = re.search(rf"filename={re.escape(filename)};base64,([A-Za-z0-9+/=]+)", report)
