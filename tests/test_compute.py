@@ -92,10 +92,6 @@ def test_server_mode_serves_the_checked_model_with_processed_logprobs():
         ),
         (lambda t: t["compute"].update(processes=4), "4 processes would split a GRPO group"),
         (
-            lambda t: t["compute"].update(processes=2, vllm={"mode": "server"}),
-            "one vLLM server for several training processes is not built yet",
-        ),
-        (
             lambda t: t["compute"].update(per_device_batch=3),
             "per_device_batch: 3 does not divide the 16 completions",
         ),

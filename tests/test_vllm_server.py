@@ -1,12 +1,13 @@
 """Server mode's lifecycle, with a stand-in for `trl vllm-serve` (a real HTTP server on loopback
 that answers the health route only after a while): the job waits for it, records it, and stops it
 after; a server that dies first, or never answers, is one clear error, and nothing is left
-running."""
+running. With several training processes, only rank 0 starts it; the others wait for it."""
 
 from __future__ import annotations
 
 import socket
 import sys
+import threading
 
 import pytest
 
@@ -75,3 +76,33 @@ def test_no_server_outside_server_mode(tmp_path):
     with served(Compute(), "model", tmp_path / "vllm.log", ["false"]) as server:
         assert server == {}
     assert not (tmp_path / "vllm.log").exists()
+
+
+def test_the_other_ranks_wait_for_rank_0s_server_and_start_none(tmp_path):
+    port = free_port()
+    compute = server_mode(port, timeout_s=30.0)
+    never = ["false"]  # a rank other than 0 that started its command would fail at once
+    rank1: dict = {}
+
+    def other_rank():  # begins waiting before rank 0 has started anything
+        with served(compute, "model", tmp_path / "rank1.log", never, starts=False) as server:
+            rank1.update(server)
+
+    waiting = threading.Thread(target=other_rank)
+    waiting.start()
+    with served(compute, "model", tmp_path / "vllm.log", stand_in(port, 1.5)) as rank0:
+        waiting.join(timeout=30)
+        assert rank1["started_by"] == "rank 0" and rank1["base_url"] == rank0["base_url"]
+        assert rank1["waited_s"] >= 1.0  # it waited for rank 0's server to load
+        assert healthy(compute.vllm.base_url)  # rank 1 leaving did not stop it
+    assert not healthy(compute.vllm.base_url)
+    assert not (tmp_path / "rank1.log").exists()
+
+
+def test_a_rank_whose_server_never_comes_says_so(tmp_path):
+    port = free_port()
+    with (
+        pytest.raises(ServerError, match=r"not healthy after 1 s"),
+        served(server_mode(port, 1.0), "model", tmp_path / "r1.log", ["false"], starts=False),
+    ):
+        pass

@@ -87,11 +87,6 @@ def check(compute: Compute, training: dict) -> None:
             "training.grpo.turn_end: bias is transformers' sequence bias, which vLLM does not "
             "have; set turn_end: none (the model ends its turns itself, in evaluation too)"
         )
-    if compute.processes > 1 and compute.vllm is not None and compute.vllm.mode == "server":
-        raise ConfigError(
-            f"{where}.processes: one vLLM server for several training processes is not built "
-            "yet; use vllm mode colocate (each process generates its own share)"
-        )
     batch = training["grpo"]["num_generations"] * training["grpo"]["prompts_per_step"]
     per_step = batch // compute.processes
     if batch % compute.processes:

@@ -643,7 +643,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
     if args.log:
         vllm_log = Path(args.log).with_suffix(".vllm.log")
     with (
-        served(inputs.compute, args.model, vllm_log) as server,
+        served(inputs.compute, args.model, vllm_log, starts=ranks.main) as server,
         open_arm(
             inputs.pins["arm_config"],
             log_path=rank_path(args.host_log, ranks),

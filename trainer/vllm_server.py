@@ -1,7 +1,9 @@
 """vLLM in server mode: the training job starts `trl vllm-serve` on the model it checked, waits
 until the server answers its health check, and stops it when training ends, whichever way it
 ends. The server is a child of the job (envs/lifetime.py): it dies with it, never left holding a
-GPU. Its output goes to its own log beside the job's.
+GPU. Its output goes to its own log beside the job's. A run of several training processes shares
+one server: rank 0 starts and stops it, the others wait until it answers (TRL's main process then
+generates for all of them).
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ def healthy(base_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_healthy(process: subprocess.Popen, base_url: str, timeout_s: float, log: Path) -> float:
-    """Seconds until the server answers; refuses at once if it exits, or after `timeout_s`."""
+def wait_healthy(
+    process: subprocess.Popen | None, base_url: str, timeout_s: float, log: Path
+) -> float:
+    """Seconds until the server answers; refuses at once if it exits (when this process started
+    it), or after `timeout_s`."""
     started = time.monotonic()
     while not healthy(base_url):
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise ServerError(
                 f"the vLLM server exited with status {process.returncode} before it was healthy "
                 f"(its log: {log})"
@@ -67,15 +72,24 @@ def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def served(
-    compute: Compute, model_dir: str | Path, log: str | Path, command: list[str] | None = None
+    compute: Compute,
+    model_dir: str | Path,
+    log: str | Path,
+    command: list[str] | None = None,
+    starts: bool = True,
 ) -> Iterator[dict]:
     """The vLLM server of a server-mode run, healthy inside the block and stopped after; yields
-    what the run records about it. Nothing to do for any other mode. `command` replaces
-    `trl vllm-serve ...` (tests serve the health route from a stand-in)."""
+    what the run records about it. Nothing to do for any other mode. `starts`: False for the
+    training processes other than rank 0, which wait for rank 0's server and leave it alone.
+    `command` replaces `trl vllm-serve ...` (tests serve the health route from a stand-in)."""
     if compute.vllm is None or compute.vllm.mode != "server":
         yield {}
         return
     vllm = compute.vllm
+    if not starts:
+        startup_s = wait_healthy(None, vllm.base_url, vllm.startup_timeout_s, Path(log))
+        yield {"base_url": vllm.base_url, "waited_s": startup_s, "started_by": "rank 0"}
+        return
     if healthy(vllm.base_url):
         raise ServerError(
             f"something already answers at {vllm.base_url}: another run's vLLM server? "
