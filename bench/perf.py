@@ -2,7 +2,7 @@
 default, which functions the trainer spends it in, and how fast `verify` hashes against sha256sum.
 
     python bench/perf.py --out DIR [--valid 160] [--arms qemu drums] [--profile]
-                         [--creates 1 8] [--cpus none 0:1]
+                         [--creates 1 8] [--cpus none 0:1] [--vms 2 4 8]
 
 A copy of the workflow in DIR/workflow-<variant> with the embedded default's arms, model, warm
 start and GRPO settings, and a budget of --valid valid trajectories (16 per step), trains each
@@ -10,10 +10,14 @@ arm in turn, nothing else running (`snakemake --cores all results/perf/<arm>/see
 Variants, one copy each, one after another: each value of --creates
 (`training.grpo.parallel_creates`: how many of a group's sessions an arm that cannot fork creates
 at once) with each value of --cpus (`training.cpus`: `none`, or `T:E`, the trainer's CPUs and the
-environments' as comma-separated lists, e.g. `0:1`). Each run's
+environments' as comma-separated lists, e.g. `0:1`) with each value of --vms (the QEMU arm's pool
+size, `arms.qemu.vms`; the default keeps config.yaml's; the fork host has no pool to size: each
+environment is a sandbox of its own, restored or forked on demand). Each run's
 `run.json: step_times` (trainer/step_times.py) splits every step into generation, environment,
 log-probs, learning and overhead (TRL's rollout glue, and what happens between steps); the table
-gives the steps after the first (which warms up). `--profile` samples each training process with
+gives the steps after the first (which warms up), and the run's valid rollouts per host-hour with
+the model playing (`valid_trajectories / env_host_hours`, the whole run: bench/envs_bench.py
+gives the oracle's ceiling). `--profile` samples each training process with
 py-spy (`pip install -e .[bench]`) and prints where its time goes, by leaf function and by the
 project's own functions. Then `python -m envab.verify receipts/perf` is timed against `sha256sum`
 on the same files (each run twice, the faster kept, the page cache warm for both). Writes
@@ -42,7 +46,9 @@ PARTS = ("generation", "environment", "logprobs", "learning", "rollout", "betwee
 OWN = re.compile(r"\((?:envab|envs|trainer|eval|analysis)/")  # the project's own frames
 
 
-def workflow_copy(root: Path, valid: int, arms: list[str], creates: int, cpus: str) -> None:
+def workflow_copy(
+    root: Path, valid: int, arms: list[str], creates: int, cpus: str, vms: int | None
+) -> None:
     for name in WORKFLOW:
         src = REPO / name
         if src.is_dir():
@@ -62,6 +68,9 @@ def workflow_copy(root: Path, valid: int, arms: list[str], creates: int, cpus: s
     for spec in config["arms"].values():
         if spec["backend"] == "qemu":
             spec["cache"] = str(REPO / "build" / "qemu")  # the checkout's guest, built once
+            if vms is not None:
+                spec["vms"] = vms
+                spec["max_vms"] = max(spec.get("max_vms", vms), vms)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     target = yaml.safe_load(target_path.read_text())
     target["experiment_id"] = EXP
@@ -226,18 +235,27 @@ def main(argv: list[str] | None = None) -> int:
         default=["none"],
         help="training.cpus per copy: none, or TRAINER:ENVIRONMENTS (e.g. 0:1)",
     )
+    p.add_argument(
+        "--vms", nargs="+", type=int, default=[None], help="the QEMU arm's pool size per copy"
+    )
     args = p.parse_args(argv)
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy: pip install -e .[bench]")
-    result = {"valid": args.valid, "creates": args.creates, "cpus": args.cpus, "arms": {}}
-    variants = [(n, cpus) for n in args.creates for cpus in args.cpus]
+    result = {
+        "valid": args.valid,
+        "creates": args.creates,
+        "cpus": args.cpus,
+        "vms": args.vms,
+        "arms": {},
+    }
+    variants = [(n, cpus, vms) for n in args.creates for cpus in args.cpus for vms in args.vms]
     roots = []
-    for creates, cpus in variants:
-        root = args.out / f"workflow-creates{creates}-cpus{cpus.replace(':', '-')}"
+    for creates, cpus, vms in variants:
+        root = args.out / f"workflow-creates{creates}-cpus{cpus.replace(':', '-')}-vms{vms}"
         if root.exists():
             raise SystemExit(f"{root} exists: give a new --out")
         root.mkdir(parents=True)
-        workflow_copy(root, args.valid, args.arms, creates, cpus)
+        workflow_copy(root, args.valid, args.arms, creates, cpus, vms)
         roots.append(root)
         for arm in args.arms:
             label = arm
@@ -245,12 +263,18 @@ def main(argv: list[str] | None = None) -> int:
                 label += f", parallel_creates {creates}"
             if len(args.cpus) > 1:
                 label += f", cpus {cpus}"
+            if len(args.vms) > 1:
+                if arm != "qemu" and vms != args.vms[0]:
+                    continue  # the pool size is the QEMU arm's: the other arms once
+                label += f", {vms} VMs" if arm == "qemu" else ""
             first = root == roots[0]
             profile = args.out / f"profile-{arm}.txt" if args.profile and first else None
             wall = train(root, arm, profile)
             run = json.loads((root / "results" / EXP / arm / "seed1" / "run.json").read_text())
             entry = {"job_wall_s": round(wall, 1), "steps": step_table(run)}
             entry["placement"] = run.get("placement")
+            # With the model playing: valid rollouts per hour of the arm held (the whole run)
+            entry["valid_per_host_hour"] = round(run["valid_trajectories"] / run["env_host_hours"])
             if profile is not None and profile.exists():
                 entry["profile"] = profile_summary(profile)
             result["arms"][label] = entry
@@ -268,14 +292,15 @@ def report(result: dict) -> str:
         "steps after the first; trainer/step_times.py spans in run.json):",
         "",
         "| arm | steps | s per step | generation | environment | log-probs | learning | "
-        "TRL rollout glue | between steps | overhead |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "TRL rollout glue | between steps | overhead | valid rollouts per host-hour |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm, entry in result["arms"].items():
         s = entry["steps"]
         pct = " | ".join(f"{100 * s['share'][p]:.1f} %" for p in PARTS)
         lines.append(
-            f"| {arm} | {s['steps']} | {s['step_s']:.2f} | {pct} | {100 * s['overhead']:.1f} % |"
+            f"| {arm} | {s['steps']} | {s['step_s']:.2f} | {pct} | {100 * s['overhead']:.1f} % | "
+            f"{entry['valid_per_host_hour']} |"
         )
     v, h = result["verify"]["receipts"], result["verify"]["hashing"]
     n = h["workers"]
