@@ -10,10 +10,11 @@ arm in turn, nothing else running (`snakemake --cores all results/perf/<arm>/see
 Variants, one copy each, one after another: each value of --creates
 (`training.grpo.parallel_creates`: how many of a group's sessions an arm that cannot fork creates
 at once) with each value of --cpus (`training.cpus`: `none`, or `T:E`, the trainer's CPUs and the
-environments' as comma-separated lists, e.g. `0:1`) with each value of --vms (the QEMU arm's pool
-size, `arms.qemu.vms` and `max_vms`, so that a group waits for a VM when the pool is smaller than
-it; the default keeps config.yaml's; the fork host has no pool to size: each
-environment is a sandbox of its own, restored or forked on demand). Each run's
+environments' as comma-separated lists, e.g. `0:1`) with each value of --vms (the VMs the QEMU arm's
+pool starts with, `arms.qemu.vms`; the default keeps config.yaml's. Its ceiling `max_vms` stays
+at least the generation batch, 16: TRL holds a step's every session open at once, so a smaller
+pool cannot run a step. The fork host has no pool to size: each environment is a sandbox of its
+own, restored or forked on demand). Each run's
 `run.json: step_times` (trainer/step_times.py) splits every step into generation, environment,
 log-probs, learning and overhead (TRL's rollout glue, and what happens between steps); the table
 gives the steps after the first (which warms up), and the run's valid rollouts per host-hour with
@@ -69,8 +70,9 @@ def workflow_copy(
     for spec in config["arms"].values():
         if spec["backend"] == "qemu":
             spec["cache"] = str(REPO / "build" / "qemu")  # the checkout's guest, built once
-            if vms is not None:  # the pool's size, and its ceiling: no more VMs than that
-                spec["vms"] = spec["max_vms"] = vms
+            if vms is not None:  # the VMs started with the pool; it grows to its ceiling
+                spec["vms"] = vms
+                spec["max_vms"] = max(spec.get("max_vms") or vms, vms)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     target = yaml.safe_load(target_path.read_text())
     target["experiment_id"] = EXP
@@ -239,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         "--vms", nargs="+", type=int, default=[None], help="the QEMU arm's pool size per copy"
     )
     args = p.parse_args(argv)
+    if "drums" not in args.arms:  # the warm start plays its demonstrations there
+        raise SystemExit("--arms must include drums, the embedded default's evaluation arm")
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy: pip install -e .[bench]")
     result = {
