@@ -3,7 +3,8 @@ misses (must score 0), scored by the task's own evaluator (desktop-env's getters
 on the fork host's gVisor sandboxes, the QEMU arm's VMs (the same files), or both.
 
     python bench/real_tasks.py [--sandbox gvisor|qemu|both] [--tasks envs/xdesktop/tasks]
-                               [--cache build/xdesktop] [--screens DIR] [--out FILE.json]
+                               [--task ID ...] [--cache build/xdesktop] [--screens DIR]
+                               [--out FILE.json]
 
 With `both`, every play runs on each arm and the two arms' screens are compared pixel for pixel,
 after the set-up and after the last action: identical, or how many pixels differ and where.
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sandbox", choices=("gvisor", "qemu", "both"), default="gvisor")
     p.add_argument("--tasks", type=Path, default=TASKS)
+    p.add_argument("--task", nargs="+", metavar="ID", help="only these tasks (default: all)")
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
     p.add_argument("--screens", type=Path)
     p.add_argument("--fork", type=int, default=4, help="children per measured fork (0: none)")
@@ -156,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
     tasks, solutions = load_tasks(args.tasks)
+    if args.task:
+        unknown = set(args.task) - {t["id"] for t in tasks}
+        if unknown:
+            p.error(f"no such task in {args.tasks}: {', '.join(sorted(unknown))}")
+        tasks = [t for t in tasks if t["id"] in args.task]
     arms = ("gvisor", "qemu") if args.sandbox == "both" else (args.sandbox,)
     rows, forks, took = [], {}, {}
     for arm in arms:

@@ -3,18 +3,19 @@
     python -m envab.envs.xdesktop.image [--cache build/xdesktop]
 
 debootstrap (Debian bookworm, minbase) with an X server (Xvfb), a window manager (openbox), real
-applications (the Mousepad text editor), the tools the in-environment server drives them
-with (xdotool, x11-utils), the host's exact Pillow and pyautogui (wheels, pinned), and the
-in-environment server (`envs/xdesktop/server.py`) at /opt/envab/xdesktop/server.py. The folder is
-the root of every gVisor sandbox of the X desktop, mounted read-only (each sandbox writes to its
-own memory), so every environment starts from the same files; and, as an ext4 disk with its own
-kernel, the QEMU arm's guest (envs/xdesktop/qemu.py), where systemd starts the same server on a
-virtio-serial port: both arms run the same files.
+applications (the Mousepad text editor, the st terminal, the Gnumeric spreadsheet), the tools
+the in-environment server drives them with (xdotool, x11-utils), the host's exact Pillow and
+pyautogui (wheels, pinned), and the in-environment server (`envs/xdesktop/server.py`) at
+/opt/envab/xdesktop/server.py. The folder is the root of every gVisor sandbox of the X desktop,
+mounted read-only (each sandbox writes to its own memory), so every environment starts from the
+same files; and, as an ext4 disk with its own kernel, the QEMU arm's guest
+(envs/xdesktop/qemu.py), where systemd starts the same server on a virtio-serial port: both
+arms run the same files.
 
 Two stages under the cache folder: `base/<digest>` (debootstrap and wheels; keyed by the suite,
-the package list, the wheels and RECIPE) and `image.json` beside it (the base plus the server;
-keyed by the base digest and the sha256 of the server and its systemd unit), whose digest names
-the image in receipts.
+the package list, the wheels, which application opens what, and RECIPE) and `image.json` beside
+it (the base plus the server; keyed by the base digest and the sha256 of the server and its
+systemd unit), whose digest names the image in receipts.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ PACKAGES = (
     "xdotool",
     "openbox",
     "mousepad",
+    # The terminal is st: xterm and VTE terminals wait for the kernel to make the pty they open
+    # their shell's controlling terminal, which gVisor does only on an explicit TIOCSCTTY.
+    "stterm",
+    "gnumeric",  # the spreadsheet: saves .xlsx, which OSWorld's table metrics read
     "xdg-utils",
     "libfile-mimeinfo-perl",  # xdg-open types a file by its name (mimetype), as desktops do:
     "shared-mime-info",  # with `file` alone an empty notes.txt is inode/x-empty, opened by nothing
@@ -92,7 +97,7 @@ WHEELS = (
     "python3-xlib==0.15",
     "pytweening==1.2.0",
 )
-RECIPE = 2  # 2: the QEMU guest's packages, masked units and tmpfs mounts
+RECIPE = 3  # 2: the QEMU guest's packages, masked units and tmpfs mounts; 3: mimeapps in inputs
 SITE = "usr/local/lib/python3.11/dist-packages"
 # GTK's text caret blinks (on and off every 0.6 s for its first 10 s): a screenshot would show it
 # or not by chance. A desktop whose screens are compared across arms keeps it steady.
@@ -102,6 +107,7 @@ gtk-cursor-blink = false
 # Which application opens what (xdg-open of a text file opens Mousepad).
 MIMEAPPS = """[Default Applications]
 text/plain=org.xfce.mousepad.desktop
+application/vnd.openxmlformats-officedocument.spreadsheetml.sheet=gnumeric.desktop
 """
 
 
@@ -121,6 +127,7 @@ def base_inputs() -> dict:
         "pillow": PIL.__version__,
         "masked": sorted(MASKED),
         "fstab": FSTAB,
+        "mimeapps": MIMEAPPS,
     }
 
 
