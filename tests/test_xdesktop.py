@@ -1,10 +1,11 @@
-"""The real X desktop (Xvfb, openbox, Mousepad) on the fork host's gVisor sandboxes and on the
-QEMU arm's VMs, against real runsc, real QEMU and the image the project builds (debootstrap; built
-once, cached under build/xdesktop and shared by every test; the QEMU arm boots the same files as
-its disk): one real task validated through the drums arm (its oracle scores 1, its no-op and near
-misses 0, each scored by the task's own evaluator through desktop-env's getters and metrics); the
-same task on QEMU, with its screens compared to gVisor's; a fork of a running desktop; an
-evaluator this desktop cannot serve. The whole task set runs in `python bench/real_tasks.py`."""
+"""The real X desktop (Xvfb, openbox, Mousepad, st) on the fork host's gVisor sandboxes and on
+the QEMU arm's VMs, against real runsc, real QEMU and the image the project builds (debootstrap;
+built once, cached under build/xdesktop and shared by every test; the QEMU arm boots the same
+files as its disk): one real task validated through the drums arm (its oracle scores 1, its no-op
+and near misses 0, each scored by the task's own evaluator through desktop-env's getters and
+metrics); the same task on QEMU, with its screens compared to gVisor's; a terminal as the first
+window of a restored desktop; a fork of a running desktop; an evaluator this desktop cannot
+serve. The whole task set (the spreadsheet's too) runs in `python bench/real_tasks.py`."""
 
 from __future__ import annotations
 
@@ -130,6 +131,29 @@ def test_a_fork_of_a_running_desktop_starts_in_its_state_then_each_copy_goes_its
     assert pool.verify(parent["env_id"])["score"] == 0.0  # the parent typed but never saved
     for env in [parent, *forked]:
         pool.close(env["env_id"])
+
+
+def test_a_terminal_is_the_first_window_of_a_restored_desktop_and_opens_a_file(pool, tasks):
+    """The terminal task's set-up launches st first thing after a restore. Without the server
+    waking openbox on restore, that window stayed unmanaged (never shown) and the create timed
+    out from the third of five back-to-back creates on: here five must come up valid. Then its
+    oracle opens todo.txt from the shell (1) and the near miss opens notes.txt (0), scored by
+    desktop-env's metric."""
+    task_id = "xd-terminal-open-file"
+    task, solution = tasks[0][task_id], tasks[1][task_id]
+    for _ in range(5):
+        created = pool.create(task)
+        pool.close(created["env_id"])
+        assert created["valid"], created
+    other = next(m["actions"] for m in solution["near_misses"] if "other" in m["name"])
+    scores = []
+    for actions in (solution["oracle"], other):
+        created = pool.create(task)
+        assert created["valid"], created
+        play(pool, created, actions)
+        scores.append(pool.verify(created["env_id"])["score"])
+        pool.close(created["env_id"])
+    assert scores == [1.0, 0.0]
 
 
 def test_partial_credit_is_a_valid_failure_that_keeps_its_fraction(pool, tasks):
