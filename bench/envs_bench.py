@@ -99,9 +99,10 @@ def memory_per_env(backend, task, group: int) -> float:
             s.close()
 
 
-def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) -> dict:
-    """Run `parallel` groups at once for `seconds`; count valid verified rollouts. A worker that
-    fails stops the cell: its error is raised, never counted as zero rollouts."""
+def timed_cell(parallel: int, seconds: float, rollouts) -> dict:
+    """`parallel` workers for `seconds`, worker k calling `rollouts(i)` for i = k, k + parallel,
+    ...; each call yields (valid, scored 1) per rollout. A worker that fails stops the cell: its
+    error is raised, never counted as zero rollouts."""
     counts = {"valid": 0, "invalid": 0, "success": 0}
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -111,20 +112,11 @@ def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) 
         i = k
         try:
             while time.monotonic() < deadline and not errors:
-                task = tasks[i % len(tasks)]
+                for valid, success in rollouts(i):
+                    with lock:
+                        counts["valid" if valid else "invalid"] += 1
+                        counts["success"] += valid and success
                 i += parallel
-                sessions = group_of(backend, task, group)
-                try:
-                    for session in sessions:
-                        for action in oracle[task["id"]]:
-                            session.step(action)
-                        v = session.verify()
-                        with lock:
-                            counts["valid" if v.valid else "invalid"] += 1
-                            counts["success"] += v.score == 1.0
-                finally:
-                    for session in sessions:
-                        session.close()
         except BaseException as e:  # raised by the caller
             errors.append(e)
 
@@ -138,6 +130,25 @@ def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) 
         raise errors[0]
     elapsed = time.perf_counter() - t0
     return {**counts, "seconds": elapsed, "per_host_hour": counts["valid"] / elapsed * 3600}
+
+
+def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) -> dict:
+    """`parallel` groups at once for `seconds`, each one task's oracle in `group` sessions."""
+
+    def group_rollouts(i: int):
+        task = tasks[i % len(tasks)]
+        sessions = group_of(backend, task, group)
+        try:
+            for session in sessions:
+                for action in oracle[task["id"]]:
+                    session.step(action)
+                v = session.verify()
+                yield v.valid, v.score == 1.0
+        finally:
+            for session in sessions:
+                session.close()
+
+    return timed_cell(parallel, seconds, group_rollouts)
 
 
 def bench_arm(name: str, args, tasks, oracle) -> dict:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,48 +32,22 @@ from envab.trainer import agent
 from envab.trainer.generation import Generation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from envs_bench import ARMS, PARALLEL  # noqa: E402  the same arms, configured alike
+from envs_bench import ARMS, PARALLEL, timed_cell  # noqa: E402  the same arms, configured alike
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / ".test" / "results" / "test-small-v1" / "drums" / "seed1"
 
 
 def cell(policy, backend, tasks, protocol: Protocol, parallel: int, seconds: float) -> dict:
-    """`parallel` players for `seconds`; a player that fails raises, never counts as zero."""
-    counts = {"valid": 0, "invalid": 0, "success": 0}
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    deadline = time.monotonic() + seconds
+    """`parallel` players for `seconds`, each playing one episode after another."""
 
-    def player(k: int) -> None:
-        i = k
-        try:
-            while time.monotonic() < deadline and not errors:
-                episode = play(policy, backend, tasks[i % len(tasks)], protocol, seed=i)
-                i += parallel
-                with lock:
-                    valid = episode["verdict"] == "valid"
-                    counts["valid" if valid else "invalid"] += 1
-                    counts["success"] += valid and episode["score"] == 1.0
-        except BaseException as e:  # raised by the caller
-            errors.append(e)
+    def episode(i: int):
+        e = play(policy, backend, tasks[i % len(tasks)], protocol, seed=i)
+        yield e["verdict"] == "valid", e["score"] == 1.0
 
-    t0 = time.perf_counter()
     generation_before = policy.generation_s
-    threads = [threading.Thread(target=player, args=(k,)) for k in range(parallel)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    elapsed = time.perf_counter() - t0
-    return {
-        **counts,
-        "seconds": elapsed,
-        "generation_s": policy.generation_s - generation_before,
-        "per_host_hour": counts["valid"] / elapsed * 3600,
-    }
+    counts = timed_cell(parallel, seconds, episode)
+    return {**counts, "generation_s": policy.generation_s - generation_before}
 
 
 def main(argv: list[str] | None = None) -> int:
