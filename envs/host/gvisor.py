@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from envab.envs import scratch
 from envab.envs.host.channel import PipeChannel
 from envab.envs.lifetime import start_child
 
@@ -219,7 +220,7 @@ class Gvisor:
         if problem:
             raise SandboxUnavailable(f"the gVisor sandbox cannot run: {problem}")
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="envab-gvisor-")).resolve()
+        self.workdir = Path(workdir or scratch.make("envab-gvisor-")).resolve()
         self.root = self.workdir / "state"
         self.images = self.workdir / "images"
         self.bundle = self.workdir / "bundle"

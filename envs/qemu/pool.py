@@ -27,7 +27,6 @@ import os
 import queue
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from envab.envs import scratch
 from envab.envs.arm_schema import QEMU_DEFAULTS, ArmError, arm_settings
 from envab.envs.desktop import screen_of
 from envab.envs.desktop.actions import parse_action
@@ -419,8 +419,7 @@ class QemuPool(Backend):
         self.guest = guest
         self._tmp = None
         if config.run_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="envab-qemu-")
-            run_root = Path(self._tmp.name)
+            self._tmp = run_root = scratch.make("envab-qemu-")
         else:
             run_root = config.run_dir
         self._run_root = run_root
@@ -498,5 +497,5 @@ class QemuPool(Backend):
         for slot in self.slots:
             slot.stop()
         if self._tmp is not None:
-            self._tmp.cleanup()
+            shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

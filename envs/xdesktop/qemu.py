@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envab.envs import scratch
 from envab.envs.host.channel import Channel
 from envab.envs.host.gvisor import tree_pss_bytes
 from envab.envs.qemu.accel import choose
@@ -198,7 +199,7 @@ class QemuDesktops:
 
     def __init__(self, workdir: str | Path | None, timeout_s: float, cache: Path | None = None):
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="envab-qemu-")).resolve()
+        self.workdir = Path(workdir or scratch.make("envab-qemu-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cache = cache or REPO / "build" / "xdesktop"
         self.timeout_s = timeout_s

@@ -1,0 +1,52 @@
+"""Scratch directories of killed processes are swept; a live owner's are not (envs/scratch.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from envab.envs import scratch
+
+PREFIX = "envab-test-scratch-"
+
+
+def _made_by_a_killed_process(base: Path) -> Path:
+    """A scratch directory whose owner made it, then died of kill -9 (no clean-up ran)."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from envab.envs import scratch;"
+            f"print(scratch.make({PREFIX!r}, {str(base)!r}), flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    path = Path(child.stdout.readline().strip())
+    (path / "warm.qcow2").write_bytes(b"\0" * 4096)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+    return path
+
+
+def test_a_killed_owners_directory_is_swept_by_the_next_and_a_live_ones_stays(tmp_path):
+    dead = _made_by_a_killed_process(tmp_path)
+    mine = scratch.make(PREFIX, tmp_path)
+    foreign = tmp_path / f"{PREFIX}not-ours"
+    foreign.mkdir()  # names no owner: never touched
+    assert dead.is_dir() is False, "the killed process's directory was left behind"
+    assert mine.is_dir() and foreign.is_dir()
+    assert scratch.sweep(PREFIX, tmp_path) == []  # this process is alive: its directory stays
+    assert mine.is_dir()
+
+
+def test_a_reused_pid_does_not_keep_a_dead_owners_directory(tmp_path):
+    """The owner is the pid *and* its start time: a live process with the same pid but another
+    start time is not the owner."""
+    stale = tmp_path / f"{PREFIX}stale"
+    stale.mkdir()
+    (stale / scratch.OWNER).write_text(f"1 {int(scratch._started(1) or 0) + 1}\n")
+    assert scratch.sweep(PREFIX, tmp_path) == [stale]
+    assert not stale.exists()
