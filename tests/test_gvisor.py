@@ -105,11 +105,15 @@ def test_a_sandbox_has_no_network_and_no_host_files_before_and_after_a_restore(s
 def test_a_fork_copies_the_sandbox_memory_then_each_copy_is_its_own(sandboxes):
     parent, _ = sandboxes.run()
     parent.channel.call(("write", "before the fork"), timeout=30)
-    (parent, _), children = sandboxes.fork(parent, 3)
-    assert len({parent.cid, *(c.cid for c, _ in children)}) == 4
+    image, children = sandboxes.fork(parent, 3)
+    assert parent.proc.wait(timeout=30) is not None  # the parent waits in the checkpoint
     for i, (child, _) in enumerate(children):
         assert child.channel.call(("read",), timeout=30) == {"state": "before the fork"}
         child.channel.call(("write", f"child {i}"), timeout=30)
+    parent, _ = sandboxes.resume(image)  # used again: restored from the fork's checkpoint
+    assert not Path(image).exists()
+    assert len({parent.cid, *(c.cid for c, _ in children)}) == 4
+    assert parent.channel.call(("read",), timeout=30) == {"state": "before the fork"}
     parent.channel.call(("write", "parent"), timeout=30)
     assert [c.channel.call(("read",), timeout=30)["state"] for c, _ in children] == [
         "child 0",
@@ -172,6 +176,39 @@ def test_a_sandbox_killed_from_outside_is_an_invalid_verdict_and_the_host_goes_o
         again = pool.create(task)  # the host itself is fine
         assert again["valid"]
         assert pool.verify(pool.step(again["env_id"], oracle[0], 0)["env_id"])["score"] == 1.0
+    finally:
+        pool.stop()
+
+
+@needs_gvisor
+def test_a_forked_parent_waits_in_its_checkpoint_until_it_is_used_or_closed():
+    """A GRPO group closes its parent right after forking it, so the host restores the parent
+    only when it is used again: a second fork restores from the same checkpoint, a step wakes it
+    in its state, and closing a waiting parent leaves no image behind."""
+    tasks, solutions = build(seed=1, per_family=1)
+    task = next(t for t in tasks if t["id"] == "click_button-s1-000")
+    oracle = next(s for s in solutions if s["id"] == task["id"])["oracle"]
+    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", step_timeout_s=10))
+    pool.start()
+    images = pool.sandboxes.images
+    try:
+        parent = pool.create(task)
+        first = pool.fork(parent["env_id"], 2)["children"]
+        assert len(list(images.glob("fork-*"))) == 1  # the parent waits in it; nothing runs
+        second = pool.fork(parent["env_id"], 2)["children"]
+        assert len(list(images.glob("fork-*"))) == 1  # restored from the same checkpoint
+        for child in first + second:
+            assert child["valid"] and child["state_sha256"] == parent["state_sha256"]
+        woken = pool.step(parent["env_id"], oracle[0], 0)
+        assert woken["valid"] and not list(images.glob("fork-*"))
+        assert pool.verify(parent["env_id"])["score"] == 1.0
+        assert pool.verify(first[0]["env_id"])["score"] == 0.0  # its children never moved
+
+        waiting = pool.create(task)
+        pool.fork(waiting["env_id"], 1)
+        assert len(list(images.glob("fork-*"))) == 1
+        pool.close(waiting["env_id"])
+        assert not list(images.glob("fork-*")), "a closed parent left its checkpoint"
     finally:
         pool.stop()
 

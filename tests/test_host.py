@@ -190,7 +190,7 @@ def test_fork_into_8_children_in_the_parents_exact_state(fork_api, taskset):
     v = verify(fork_api, parent)  # the parent was not touched by its children
     assert v["valid"] and v["audit"]["state_sha256"] == parent["state_sha256"]
     assert len(pids | {v["audit"]["worker_pid"]}) == 9
-    if v["audit"]["sandbox"]["runtime"] == "gvisor":  # and the parent carries on in a copy too
+    if v["audit"]["sandbox"]["runtime"] == "gvisor":  # woken, the parent runs in a copy
         assert len(containers | {v["audit"]["sandbox"]["container"]}) == 9
         assert v["audit"]["sandbox"]["network"] == "none" and v["audit"]["sandbox"]["memory_mib"]
 

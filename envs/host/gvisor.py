@@ -3,10 +3,11 @@
 A Drums host forks sandboxes, not processes; this is that, locally. A worker starts once per
 screen size in a fresh sandbox, prepares the blank desktop and is checkpointed: that image is the
 prepared environment every create restores. A fork is a checkpoint of the running parent and
-n + 1 restores of it, one of which carries on as the parent (this runsc's `--leave-running` is
-not a usable fork). A restored copy takes the standard input and output of its own
-`runsc restore`, so each copy gets a channel of its own, and reseeds its random state on its
-first message (every copy wakes with the saved one).
+n restores of it (this runsc's `--leave-running` is not a usable fork); the parent waits in the
+checkpoint and is restored from it only if it is used again (a GRPO group closes its parent right
+after forking it: one restore in nine saved). A restored copy takes the standard input and output
+of its own `runsc restore`, so each copy gets a channel of its own, and reseeds its random state
+on its first message (every copy wakes with the saved one).
 
 Every sandbox: the ptrace platform (the KVM platform needs hardware virtualisation and hangs
 without it), no network, a read-only root that holds only what the worker needs (the system's
@@ -345,15 +346,27 @@ class Gvisor:
                 self._templates[key] = self.checkpoint(sandbox, "template")
             return self._templates[key]
 
-    def fork(self, parent: Sandbox, n: int) -> tuple[tuple[Sandbox, dict], list]:
-        """Checkpoint `parent` and restore it n + 1 times: the parent's continuation first, then
-        the n children. The image goes once every copy has answered."""
+    def fork(self, parent: Sandbox, n: int) -> tuple[str, list[tuple[Sandbox, dict]]]:
+        """Checkpoint `parent` (it stops) and restore n children from its image; the image, in
+        which the parent waits (`resume` or `discard` it), and the children."""
         image = self.checkpoint(parent, "fork")
         try:
-            copies = self.restore(image, n + 1)
+            return image, self.restore(image, n)
+        except BaseException:
+            self.discard(image)
+            raise
+
+    def resume(self, image: str) -> tuple[Sandbox, dict]:
+        """The sandbox that waits in a fork's `image`, running again; the image goes."""
+        try:
+            ((sandbox, hello),) = self.restore(image, 1)
         finally:
-            shutil.rmtree(image, ignore_errors=True)
-        return copies[0], copies[1:]
+            self.discard(image)
+        return sandbox, hello
+
+    @staticmethod
+    def discard(image: str) -> None:
+        shutil.rmtree(image, ignore_errors=True)
 
     # --- stopping ----------------------------------------------------------------------------
 

@@ -129,6 +129,7 @@ class Environment:
     parent: str | None = None
     sandbox: Sandbox | None = None  # gvisor or qemu: the sandbox (or VM) the worker runs in
     sandbox_audit: dict | None = None  # its last account, kept once it is stopped
+    suspended: str | None = None  # gvisor, after a fork: the checkpoint it waits in until used
     faults: Faults = field(default_factory=Faults)
     generation: int = 0
     steps: int = 0
@@ -493,6 +494,7 @@ class Pool:
     def verify(self, env_id: str) -> dict:
         env = self._get(env_id)
         with env.lock:
+            self._wake(env)  # its audit names the sandbox it runs in
             audit = {
                 "env_id": env.env_id,
                 "parent": env.parent,
@@ -554,17 +556,33 @@ class Pool:
         env.sandbox, env.channel, env.pid = sandbox, sandbox.channel, sandbox.pid
 
     def _fork_sandbox(self, parent: Environment, n: int) -> list[tuple]:
-        """Checkpoint the parent's sandbox and restore it n + 1 times; the parent carries on in
-        the first copy, which must be in the state it was checkpointed in."""
-        (copy, hello), children = self.sandboxes.fork(parent.sandbox, n)
-        parent.sandbox, parent.channel, parent.pid = copy, copy.channel, copy.pid
-        if hello["state_sha256"] != parent.state_sha256:
-            for sandbox, _ in children:
-                self.sandboxes.stop(sandbox, kill=True)
-            self._quarantine(parent, Gate.STATE_HASH)
-            raise Quarantined(f"environment {parent.env_id} changed in its checkpoint",
-                              parent.failed_gates)  # fmt: skip
+        """n children restored from a checkpoint of the parent's sandbox (each is checked
+        against the parent's state hash by `fork`). The parent waits in that checkpoint until
+        it is used again (`_wake`); a parent forked again while it waits is not checkpointed
+        again."""
+        if parent.suspended is None:
+            parent.sandbox_audit = parent.sandbox.audit()
+            parent.suspended, children = self.sandboxes.fork(parent.sandbox, n)
+            parent.sandbox, parent.channel, parent.pid = None, None, None
+        else:
+            children = self.sandboxes.restore(parent.suspended, n)
         return [(sb.channel, sb.pid, hello, sb) for sb, hello in children]
+
+    def _wake(self, env: Environment) -> None:
+        """Restore a parent that waits in its fork's checkpoint (under its lock); a copy that
+        cannot start fails gate worker_alive, one not in the parent's state gate state_hash."""
+        if env.suspended is None:
+            return
+        image, env.suspended = env.suspended, None
+        try:
+            sandbox, hello = self.sandboxes.resume(image)
+        except (ChannelClosed, ChannelTimeout, RuntimeError, OSError) as e:
+            log.warning("environment %s: cannot restore it after its fork: %s", env.env_id, e)
+            env.failed_gates.append(str(Gate.WORKER_ALIVE))
+            return
+        env.sandbox, env.channel, env.pid = sandbox, sandbox.channel, sandbox.pid
+        if hello["state_sha256"] != env.state_sha256:
+            self._quarantine(env, Gate.STATE_HASH)
 
     def _sandbox_audit(self, env: Environment) -> dict:
         if self.sandboxes is None:
@@ -593,6 +611,9 @@ class Pool:
 
     def _call(self, env: Environment, message, timeout: float, error_gate: Gate) -> dict | None:
         """One request to the worker; a gate failure quarantines `env` and returns None."""
+        self._wake(env)
+        if env.quarantined:
+            return None
         try:
             reply = env.channel.call(message, timeout=timeout)
         except ChannelTimeout:
@@ -614,6 +635,9 @@ class Pool:
         self._stop_worker(env, kill=gate == Gate.STEP_TIMEOUT)
 
     def _stop_worker(self, env: Environment, kill: bool) -> None:
+        if env.suspended is not None:  # waits in a checkpoint: nothing runs, the image goes
+            self.sandboxes.discard(env.suspended)
+            env.suspended = None
         if env.sandbox is not None:
             env.sandbox_audit = env.sandbox.audit()
             self.sandboxes.stop(env.sandbox, kill)
