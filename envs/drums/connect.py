@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
+import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from envab.envs import scratch
 from envab.envs.drums.client import DrumsBackend
 
 EMBEDDED = "embedded"
@@ -40,8 +41,10 @@ def connect(
             if mode is None:
                 raise ValueError("an embedded arm needs a mode (restore or fork)")
             if token_file is None:
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envab-token-"))
-                token_file = write_token_file(Path(tmp) / "token")
+                # A killed job's token (dead with its host) is swept by the next one's.
+                tmp = scratch.make("envab-token-")
+                stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+                token_file = write_token_file(tmp / "token")
             url = stack.enter_context(
                 serve_embedded(
                     mode,
