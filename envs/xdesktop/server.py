@@ -92,8 +92,8 @@ class Display:
 
     def shown(self, name: str, by_class: bool = False) -> list[str]:
         """The windows named `name` that are shown. One that exists but is not shown may be
-        waiting on the same lost wake-up (a terminal's first window still hung about 1 create
-        in 7 after the restore's wake, never shown within the create's timeout): wake the
+        waiting on the same lost wake-up (after the restore's wake, a terminal's first window
+        still went unshown past the create's timeout in 3 of 17 runs of its test): wake the
         window manager again, at most once a second."""
         found = _window(name, by_class)
         if not found and time.monotonic() - self.woken > 1.0 and _window(name, by_class, False):
