@@ -46,11 +46,12 @@ def answered(tmp_path_factory, make_workflow):
         t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})
         t.setdefault("confirmation", {"delta": 0.05})
         # The three controls on the drums arm. Every reward flipped, so the corruption shows at
-        # the first step whatever the draw; 10 s per set-up, so the handicap's two set-ups add
-        # far more than the tiny run's timing noise.
+        # the first step whatever the draw. 20 s per set-up: the handicap's two set-ups must add
+        # far more than the tiny run's noise (its one step took 8 to 12 s in runs alike, and
+        # with 10 s per set-up a run came out 5.2 s short of 20, outside the 25 % tolerance).
         t["controls"] = [
             {"name": "aa", "arm": "drums", "expect": "same"},
-            {"name": "handicap", "arm": "drums", "expect": "slower", "reset_delay_s": 10},
+            {"name": "handicap", "arm": "drums", "expect": "slower", "reset_delay_s": 20},
             {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 1.0},
         ]
 
@@ -88,7 +89,9 @@ def run_selected_through_a_cluster_executor(workflow) -> dict:
     submit.chmod(0o755)
     result = workflow.snakemake(
         *("--executor", "cluster-generic", "--cluster-generic-submit-cmd", str(submit)),
-        *("--jobs", "1", "arm=drums", "seed=1"),
+        # The submission runs the job before it returns: a status check a second later finds it
+        # done; at the default, a round every 10 s, each of the 14 jobs waited for its round.
+        *("--seconds-between-status-checks", "1", "--jobs", "1", "arm=drums", "seed=1"),
         timeout=1500,
         env=OFFLINE,
     )
@@ -187,10 +190,10 @@ def test_the_controls_ran_beside_the_a_b_with_their_registered_verdicts(answered
     assert by_name["aa"]["seeds"][0]["divergence"]["verdict"] == "never"
     assert by_name["corruption"]["seeds"][0]["divergence"]["step"] == 1
     handicap = by_name["handicap"]["seeds"][0]["timing"]
-    assert handicap["setups"] == 2 and handicap["predicted_added_s"] == 20.0, handicap
+    assert handicap["setups"] == 2 and handicap["predicted_added_s"] == 40.0, handicap
     assert (answered.root / RESULTS / "drums-handicap" / "seed1" / "curve.csv").is_file()
     table = (answered.root / RESULTS / "controls.md").read_text()
-    assert "| handicap | drums-handicap | reset_delay_s 10 |" in table
+    assert "| handicap | drums-handicap | reset_delay_s 20 |" in table
 
 
 def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
