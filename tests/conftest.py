@@ -132,7 +132,8 @@ def frozen(frozen_once, tmp_path, make_workflow) -> Workflow:
 # The longest files first (minutes each, measured on a 2-core machine: the whole A/B, the X
 # desktop's images and its QEMU guest, the training runs, the QEMU guest's build, two training
 # processes killed and resumed): pytest-xdist hands whole files to its workers in collection
-# order, and a long file handed out last leaves the others idle while one finishes it. Three
+# order (`--no-loadscope-reorder` in pyproject.toml; its default orders them by their number of
+# tests), and a long file handed out last leaves the others idle while one finishes it. Three
 # workers on two cores: much of each long file is waiting (a Snakemake job starting, a guest
 # booting, a package downloading), which a third worker fills. The rest keep their order.
 FIRST = ("test_answer.py", "test_xdesktop.py", "test_train.py", "test_agent.py", "test_ranks.py")
