@@ -25,6 +25,9 @@ Verdicts (the one place they are defined):
     timeout               a step or set-up took longer than its limit
     blank_screen          the screenshot was a single colour (a black or dead display)
     verifier_unavailable  the checker could not run (crashed, or the verifier was unreachable)
+    invalid_completion    the policy's sampler emitted a token no turn may contain (a vision
+                          placeholder): a generation server ignored the suppression
+                          (trainer/generation.py); decided on the training host, not by a backend
 
 Gates (what is checked, and the verdict its failure gives): see `GATE_VERDICT`.
 """
@@ -49,6 +52,7 @@ class Verdict(StrEnum):
     TIMEOUT = "timeout"
     BLANK_SCREEN = "blank_screen"
     VERIFIER_UNAVAILABLE = "verifier_unavailable"
+    INVALID_COMPLETION = "invalid_completion"
 
 
 class Gate(StrEnum):
@@ -62,6 +66,7 @@ class Gate(StrEnum):
     SCREEN_NOT_BLANK = "screen_not_blank"  # the screenshot is not a single colour
     SCREEN_CURRENT = "screen_current"  # the screenshot was drawn after the last action
     VERIFIER_AVAILABLE = "verifier_available"  # the checker ran and gave 0 or 1
+    COMPLETION_TOKENS = "completion_tokens"  # the sampled turns hold only tokens a turn may hold
 
 
 GATE_VERDICT: dict[Gate, Verdict] = {
@@ -75,6 +80,7 @@ GATE_VERDICT: dict[Gate, Verdict] = {
     Gate.SCREEN_NOT_BLANK: Verdict.BLANK_SCREEN,
     Gate.SCREEN_CURRENT: Verdict.STALE_GENERATION,
     Gate.VERIFIER_AVAILABLE: Verdict.VERIFIER_UNAVAILABLE,
+    Gate.COMPLETION_TOKENS: Verdict.INVALID_COMPLETION,
 }
 
 # computer_13 subset, with the parameters each action needs (pixel coordinates). Optional ones

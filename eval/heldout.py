@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, open_arm
+from envab.envs.protocol import Gate, Verification
 from envab.eval.reuse import Store, evaluated_once, evaluation_key
 from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_json, read_jsonl
@@ -48,7 +49,7 @@ from envab.receipts import Receipts
 from envab.schema import ConfigError
 from envab.trainer import agent
 from envab.trainer.compute import compute_settings
-from envab.trainer.generation import Generation
+from envab.trainer.generation import Generation, UnsampleableToken
 from envab.trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
 from envab.trainer.manifest import ModelPinError, check_manifest
 from envab.trainer.model import base_manifest
@@ -102,14 +103,19 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
     try:
         observation = session.observation
         turns = 0
+        rejected = False  # a turn held an unsampleable token: invalid (eval/policy.py)
         if observation.valid:
             messages = agent.task_prompt(task, observation.screenshot)
             while turns < protocol.max_steps and observation.valid and not observation.done:
-                reply = policy.act(messages, sampler_seed(task["id"], seed, turns))
+                try:
+                    reply = policy.act(messages, sampler_seed(task["id"], seed, turns))
+                except UnsampleableToken:
+                    rejected = True
+                    break
                 calls = reply.get("tool_calls") or []
                 if not calls:
                     break  # the policy answered in prose: the episode ends, the checker decides
-                messages.append(reply)
+                messages.append(agent.plain_reply(reply))
                 # Every call of the reply, in order, each one action of max_steps: what TRL
                 # does in training (it runs all tool calls of a turn; trainer/environment.py
                 # counts each against max_turns).
@@ -129,7 +135,10 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                     messages.append(agent.tool_message(call["name"], observation.screenshot))
                     if not observation.valid:
                         break
-        verification = session.verify()
+        if rejected:
+            verification = Verification.invalid([Gate.COMPLETION_TOKENS])
+        else:
+            verification = session.verify()
     finally:
         session.close()
     return {
@@ -268,6 +277,7 @@ def play_checkpoint(
         "wall_s": time.perf_counter() - started,
         "load": machine_load.since(snapshot),  # CPU time, load average and steal
         "inference_s": policy.generation_s,
+        "generation": protocol.generation.settings(policy.tokenizer),  # suppressed tokens too
     }
 
 

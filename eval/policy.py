@@ -13,7 +13,12 @@ from trl.chat_template_utils import add_response_schema, parse_response
 
 from envab.trainer import agent
 from envab.trainer.compute import Compute
-from envab.trainer.generation import Generation
+from envab.trainer.generation import (
+    Generation,
+    UnsampleableToken,
+    check_completion,
+    unsampleable_ids,
+)
 from envab.trainer.model import load
 
 
@@ -41,6 +46,7 @@ class Policy:
         self.tools = tools
         self.generation = generation
         self.kwargs = generation.generate_kwargs(self.tokenizer)  # as GRPO generated its turns
+        self.unsampleable = set(unsampleable_ids(self.tokenizer))
         self.generation_s = 0.0
 
     def act(self, messages: list[dict], seed: int) -> dict:
@@ -62,4 +68,6 @@ class Policy:
         self.generation_s += time.perf_counter() - started
         prompt = inputs["input_ids"][0].tolist()
         completion = output[0][len(prompt) :].tolist()
+        if check_completion(completion, None, self.unsampleable):
+            raise UnsampleableToken("the turn holds a token no turn may contain")
         return parse_response(self.tokenizer, completion, prefix=prompt, tools=tools)

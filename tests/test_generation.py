@@ -21,7 +21,15 @@ from envab.trainer.generation import Generation
 from envab.trainer.grpo import GrpoSettings, grpo_config, save_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-COMPARED = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "sequence_bias")
+COMPARED = (
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "sequence_bias",
+    "suppress_tokens",
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +70,7 @@ def test_grpo_and_the_evaluation_generate_a_turn_alike(tiny, tmp_path):
     evaluated = protocol.generation.generate_kwargs(processor.tokenizer)
     assert trained == {k: evaluated.get(k) for k in COMPARED}
     assert trained["sequence_bias"]  # the turn-ending bias is on both sides, not on neither
+    assert trained["suppress_tokens"]  # and so are the unsampleable tokens (trainer/generation.py)
 
 
 def test_a_changed_turn_ending_changes_both_sides(tiny):
@@ -69,7 +78,7 @@ def test_a_changed_turn_ending_changes_both_sides(tiny):
     training = copy.deepcopy(embedded_training())
     training["grpo"]["turn_end"] = "none"
     generation = Generation.pinned(training)
-    assert generation.trl_kwargs(processor.tokenizer, vllm=True) is None
+    assert "sequence_bias" not in generation.trl_kwargs(processor.tokenizer, vllm=True)
     assert "sequence_bias" not in generation.generate_kwargs(processor.tokenizer)
     with pytest.raises(ValueError, match="vLLM has no sequence bias"):
         Generation.pinned(embedded_training()).trl_kwargs(processor.tokenizer, vllm=True)

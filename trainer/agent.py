@@ -177,9 +177,34 @@ def turn_generation_kwargs(tokenizer) -> dict:
 # --- the prompt ----------------------------------------------------------------------------------
 
 
+def plain_text(text: str) -> str:
+    """Text that reaches the prompt from outside the policy's sampler (a task's instruction, a
+    tool's note that echoes the policy's arguments), kept from becoming markup: the chat template
+    tokenizes "<|video_pad|>" written in text as the video placeholder itself, which crashes the
+    forward pass, and "<|im_start|>" as a new turn. Text without "<|" is unchanged."""
+    return text.replace("<|", "< |")
+
+
+def plain_reply(reply: Mapping) -> dict:
+    """A parsed assistant turn as it goes back into a conversation that is rendered anew (the
+    evaluation's), its text kept from becoming markup (`plain_text`). Training concatenates token
+    ids and never re-reads the policy's text."""
+
+    def plain(value):
+        if isinstance(value, str):
+            return plain_text(value)
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(reply)
+
+
 def instruction_text(task: Mapping) -> str:
     """The text of the first user turn (the screenshot goes before it)."""
-    return task["instruction"]
+    return plain_text(task["instruction"])
 
 
 def dataset_row(task: Mapping) -> dict:
@@ -221,7 +246,7 @@ def tool_result(screenshot: Image.Image | None = None, note: str | None = None) 
     if screenshot is not None:
         blocks.append({"type": "image", "image": screenshot})
     if note is not None:
-        blocks.append({"type": "text", "text": note})
+        blocks.append({"type": "text", "text": plain_text(note)})
     if not blocks:
         raise ValueError("a tool result needs a screenshot or a note")
     return blocks

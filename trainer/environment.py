@@ -185,6 +185,15 @@ class ArmEnvironment:
         ep.over = ep.over or obs.done
         return agent.tool_result(obs.screenshot)
 
+    def _reject_completion(self) -> None:
+        """The policy's completion held a token no turn may contain (trainer/generation.py): the
+        attempt is invalid, whatever the environment said. Private: TRL offers every public
+        method to the policy as a tool."""
+        gate = str(Gate.COMPLETION_TOKENS)
+        if self.episode is not None and gate not in self.episode.failed_gates:
+            self.episode.failed_gates += (gate,)
+            self.episode.over = True
+
     def get_reward(self) -> float | None:
         """Verify, record the attempt, and return its reward: the score, or None if invalid."""
         ep = self.episode

@@ -806,16 +806,19 @@ def write_record(
 
 def generation_record(trainer, settings: GrpoSettings, times: dict) -> dict:
     """Completion tokens generated (TRL's logged mean completion length x the step's batch) and
-    per second of generation; the GPU's peak memory where there is one."""
+    per second of generation, how a turn was generated; the GPU's peak memory where there is
+    one."""
     tokens = sum(
         entry["completions/mean_length"] * settings.batch_size
         for entry in trainer.state.log_history
         if "completions/mean_length" in entry
     )
     generation_s = times.get("total_s", {}).get("generation")
+    generation = Generation(settings.temperature, settings.max_completion_length, settings.turn_end)
     record = {
         "generated_tokens": round(tokens),
         "generated_tokens_per_s": round(tokens / generation_s, 1) if generation_s else None,
+        "generation": generation.settings(trainer._tokenizer),  # suppressed tokens included
     }
     if torch.cuda.is_available():
         record["cuda_peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)

@@ -41,6 +41,7 @@ from trl.trainer.utils import RepeatSampler
 
 from envab.io import append_jsonl, atomic_write_json, read_jsonl
 from envab.receipts import utc_now
+from envab.trainer.generation import GuardedGenerationMixin
 from envab.trainer.step_digests import DigestingGRPOTrainer
 from envab.trainer.step_times import StepTimes, TimedGRPOTrainer
 
@@ -235,9 +236,9 @@ class EpochSeededSampler(RepeatSampler):
                 torch.randperm(self.num_samples, generator=self.generator)
 
 
-class ResumableGRPOTrainer(TimedGRPOTrainer, DigestingGRPOTrainer):
-    """The run's GRPOTrainer: step digests, each step's times, and a sampler whose order a
-    resumed run repeats."""
+class ResumableGRPOTrainer(GuardedGenerationMixin, TimedGRPOTrainer, DigestingGRPOTrainer):
+    """The run's GRPOTrainer: no unsampleable token reaches a forward pass, step digests, each
+    step's times, and a sampler whose order a resumed run repeats."""
 
     def __init__(self, *args, step_times: StepTimes, **kwargs):
         self.step_times = step_times
