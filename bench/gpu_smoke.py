@@ -9,8 +9,7 @@ trajectories; `snakemake --cores all` runs it end to end (freeze, warm start, GR
 arm, the held-out evaluations). Prints each step's time split (generation, environment, learning,
 TRL's glue; trainer/step_times.py), generated tokens per second and the peak GPU memory, all from
 the run's run.json, and writes DIR/gpu_smoke.json. Needs the GPU lock
-(pip install -e '.[gpu]' -c locks/gpu.txt). Not yet run on a GPU (README: "The real model on
-GPUs").
+(pip install -e '.[gpu]' -c locks/gpu.txt). Not yet run on a GPU (docs/how-to/gpus.md).
 """
 
 from __future__ import annotations

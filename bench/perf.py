@@ -23,7 +23,7 @@ gives the oracle's ceiling). `--profile` samples each training process with
 py-spy (`pip install -e .[bench]`) and prints where its time goes, by leaf function and by the
 project's own functions. Then `python -m envab.verify receipts/perf` is timed against `sha256sum`
 on the same files (each run twice, the faster kept, the page cache warm for both). Writes
-DIR/perf.json; the README's performance section is this script's output.
+DIR/perf.json; docs/results/2026-12-02-performance.md is this script's output.
 """
 
 from __future__ import annotations

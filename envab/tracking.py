@@ -11,7 +11,8 @@ offline run cannot be appended to by several jobs). `define_metric` fixes the x-
 - `heldout_wall_clock/*` against `wall_clock_s`, the training wall-clock the arms race on.
 
 Every run carries the pre-registration's sha256 in its config. Runs are written offline into the
-folder the job is given (results/<exp>/wandb in the workflow); upload with `wandb sync` (README).
+folder the job is given (results/<exp>/wandb in the workflow); upload with `wandb sync`
+(docs/how-to/read-the-answer.md).
 Set WANDB_MODE=online to stream, WANDB_MODE=disabled to turn it off (the tests do, except the one
 that reads runs back). Nothing secret is put in a run's config: arm configs pass through
 `public_arm_config`.

@@ -1,7 +1,7 @@
 """Recheck every digest in receipts/<experiment>/ against the files: one line per item.
 
-    python -m envab.verify receipts/embedded-default-v7
-    python -m envab.verify --receipts receipts/embedded-default-v7/*.json --html verification.html
+    python -m envab.verify receipts/embedded-default-v8
+    python -m envab.verify --receipts receipts/embedded-default-v8/*.json --html verification.html
 
 Prints ``ok`` / ``MISMATCH`` / ``MISSING`` / ``MALFORMED`` with the path for every subject and every
 receipt a receipt depends on, and exits non-zero on any failure. A subject that is a run's

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP

@@ -16,7 +16,7 @@ import pytest
 from envab.envs.arms import ArmError, open_arm
 from envab.envs.host import serve_embedded, write_token_file
 
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 
 
 def env_ab_lines(result) -> list[str]:

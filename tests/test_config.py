@@ -109,7 +109,7 @@ def two_seeds(workflow):
     return workflow
 
 
-RUN = "results/embedded-default-v7/{}/seed{}/pins.json"
+RUN = "results/embedded-default-v8/{}/seed{}/pins.json"
 
 
 @pytest.mark.parametrize(

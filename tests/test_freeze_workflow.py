@@ -9,7 +9,7 @@ import pytest
 
 from envab.receipts import read_receipt
 
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 RECEIPTS = Path("receipts") / EXP
 RESULTS = Path("results") / EXP
 
@@ -65,7 +65,7 @@ def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
     frozen.edit_target(lambda t: t["target"].update(threshold=0.9))
     result = frozen.snakemake()
     assert result.returncode != 0
-    assert "was edited after experiment 'embedded-default-v7' was frozen" in result.stderr
+    assert "was edited after experiment 'embedded-default-v8' was frozen" in result.stderr
     assert "new experiment_id" in result.stderr
     assert receipt.read_bytes() == before
     # A stage run outside Snakemake checks the frozen digest too.

@@ -16,8 +16,8 @@ from envab.trainer.guards import (
     heldout_ids,
 )
 
-RECEIPTS = "receipts/embedded-default-v7"
-PINS = "results/embedded-default-v7/drums/seed1/pins.json"
+RECEIPTS = "receipts/embedded-default-v8"
+PINS = "results/embedded-default-v8/drums/seed1/pins.json"
 
 
 def frozen_receipts(root) -> Receipts:
@@ -61,7 +61,7 @@ def test_heldout_ids_never_reach_the_trainer(frozen):
     heldout = heldout_ids(frozen_receipts(frozen.root))
     train = [
         json.loads(line)["id"]
-        for line in (frozen.root / "results/embedded-default-v7/tasks/train.jsonl").open()
+        for line in (frozen.root / "results/embedded-default-v8/tasks/train.jsonl").open()
     ]
     guard = HeldoutGuard(heldout)
     guard.check_dataset(train)

@@ -21,7 +21,7 @@ from envab.split import split_tasks
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "osworld"
 INDEX = FIXTURE / "test_all.json"
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 
 
 def files(root: Path) -> dict[str, Path]:

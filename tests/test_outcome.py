@@ -52,7 +52,7 @@ def write_run(
     pins = {
         "arm": arm,
         "seed": seed,
-        "experiment_id": "embedded-default-v7",
+        "experiment_id": "embedded-default-v8",
         "comparable_sha256": comparable,
         "training": {"tools": "click"},
     }
@@ -239,7 +239,7 @@ def test_run_table_from_named_files(tmp_path):
     assert table["scored"].tolist() == [True, False]
 
 
-FROZEN = "receipts/embedded-default-v7/preregistration.json"
+FROZEN = "receipts/embedded-default-v8/preregistration.json"
 TARGET = ["--target", "prereg/target.yaml", "--receipts", FROZEN]
 
 
@@ -304,7 +304,7 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
         "out/d/wallclock.png",
     ]
     outcome = json.loads((tmp_path / "out/a/answer.json").read_text())
-    assert outcome["experiment_id"] == "embedded-default-v7"
+    assert outcome["experiment_id"] == "embedded-default-v8"
     assert outcome["target"] == {"metric": "heldout_success_rate", "threshold": 0.7}
     assert "  " not in outcome["question"] and outcome["question"].startswith("If only")
     assert [(r["arm"], r["seed"]) for r in outcome["runs"]] == [("restore", 1), ("drums", 1)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 RUN = Path("results") / EXP / "drums" / "seed1"
 
 

@@ -19,7 +19,7 @@ import pytest
 from envab.hashing import file_manifest
 from envab.receipts import FREEZE_RECEIPTS
 
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 RESULTS = Path("results") / EXP
 BUDGET_VALID = 8
 INTERVAL = 2

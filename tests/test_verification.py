@@ -9,7 +9,7 @@ from pathlib import Path
 from envab import verify
 from envab.receipts import FREEZE_RECEIPTS
 
-EXP = "embedded-default-v7"
+EXP = "embedded-default-v8"
 RECEIPTS = Path("receipts") / EXP
 PAGE = Path("results") / EXP / "verification.html"
 

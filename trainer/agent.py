@@ -158,10 +158,11 @@ assert set(_ACTIONS) == set(TOOL_SETS["computer_13"].names), "one action mapping
 # A turn is one tool call: right after its `</tool_call>` the turn ends (`<|im_end|>`), so the
 # environment answers each action before the policy picks the next; without it the tiny policy's
 # turns run on after the call ("</tool_call></tool_call>..." to max_completion_length) and neither
-# end nor learn (README, "Does it learn?"). A sequence bias, not a stop token: the turn still ends
-# with the end-of-turn token, so the conversation TRL builds for the next turn is the one the chat
-# template (and the evaluation) renders. transformers' generate takes it; vLLM has no sequence
-# bias, so a GPU run under vLLM leaves it out (an instruction-tuned model ends its turns itself).
+# end nor learn (docs/results/2026-11-29-embedded-default-v5-learns.md). A sequence bias, not a
+# stop token: the turn still ends with the end-of-turn token, so the conversation TRL builds for
+# the next turn is the one the chat template (and the evaluation) renders. transformers' generate
+# takes it; vLLM has no sequence bias, so a GPU run under vLLM leaves it out (an
+# instruction-tuned model ends its turns itself).
 END_OF_CALL = "</tool_call>"
 TURN_END_BIAS = 100.0  # logit units: the end-of-turn token is then all but certain
 

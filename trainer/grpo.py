@@ -574,7 +574,8 @@ def grpo_config(
         # How a turn ends, as evaluation ends it (trainer/generation.py).
         generation_kwargs=generation.trl_kwargs(tokenizer, vllm=compute.vllm is not None),
         # Every completion keeps its gradient, a truncated one included: masking truncation made
-        # running to the length limit a shelter from negative advantages (README "Does it learn?").
+        # running to the length limit a shelter from negative advantages
+        # (docs/results/2026-11-29-embedded-default-v5-learns.md).
         mask_truncated_completions=False,
         save_strategy="no",
         save_only_model=False,
