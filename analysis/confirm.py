@@ -26,14 +26,12 @@ from pathlib import Path
 from envab import preregistration
 from envab.analysis.crossing import confirm, confirmation_power, confirmatory_episodes
 from envab.analysis.time_to_target import time_to_target
-from envab.envs.arms import ArmError
+from envab.errors import Refusal, refused
 from envab.eval.heldout import Protocol, check_inputs, checked_key, play_checkpoint
 from envab.eval.reuse import Store, evaluated_once
 from envab.io import atomic_write_json, read_jsonl
 from envab.progress import job_console
 from envab.schema import ConfigError
-from envab.trainer.guards import GuardError
-from envab.trainer.manifest import ModelPinError
 
 REUSE_FIELDS = ("evaluation_key", "evaluated_for", "reused")  # eval/reuse.py
 
@@ -135,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )
         judged = confirmation(result, prereg.threshold, wanted, protocol.seeds, settings)
-    except (ConfigError, GuardError, ModelPinError, ArmError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        console.say(f"error: {e}")
-        return 2
+    except (Refusal, FileNotFoundError) as e:
+        return refused(e, console)
     record.update(
         checkpoint=crossing["checkpoint"],
         crossing_success_rate=crossing["heldout_success_rate"],

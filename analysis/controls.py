@@ -23,7 +23,6 @@ the shared checkpoints), and the control passes when what comes out is what was 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from envab import preregistration
@@ -32,6 +31,7 @@ from envab.analysis.equivalence import curve_equivalence
 from envab.analysis.outcome import load_run, seed_curves
 from envab.analysis.runs import RunRecords
 from envab.analysis.time_to_target import time_to_target
+from envab.errors import Refusal, refused
 from envab.io import atomic_write_json, atomic_write_text
 from envab.preregistration import Control, Preregistration
 from envab.receipts import subject, write_receipt
@@ -234,9 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         prereg, receipts = preregistration.frozen_inputs(args)
         runs = [load_run(files) for files in args.runs]
         judgements = judge_all(runs, prereg)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (Refusal, FileNotFoundError, ValueError) as e:
+        return refused(e)
     atomic_write_json(args.json, {"experiment_id": prereg.experiment_id, "controls": judgements})
     atomic_write_text(args.md, render_markdown(judgements))
     inputs = {p: d for run in runs for p, d in run.inputs.items()}

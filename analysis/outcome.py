@@ -11,7 +11,6 @@ receipt.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from envab import preregistration
@@ -22,12 +21,13 @@ from envab.analysis.runs import RunRecords
 from envab.analysis.statistics import coincidence
 from envab.analysis.survival import SeedTime, across_seeds
 from envab.analysis.time_to_target import time_to_target
+from envab.errors import Refusal, refused
 from envab.io import atomic_write_json, atomic_write_text
 from envab.preregistration import Preregistration
 from envab.receipts import subject, write_receipt
 
 
-class NotComparable(ValueError):
+class NotComparable(Refusal, ValueError):
     """Runs whose pins differ in something other than the arm and the seed."""
 
 
@@ -517,10 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         prereg, receipts = preregistration.frozen_inputs(args)
         runs = [load_run(files) for files in args.runs]
         outcome = compute_outcome(runs, prereg)
-    # ConfigError (an unfrozen or edited target) and NotComparable are ValueErrors.
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # A record that is not JSON is a ValueError too.
+    except (Refusal, FileNotFoundError, ValueError) as e:
+        return refused(e)
     figures = [
         plot_curves(runs, prereg.threshold, args.curves_valid, "valid"),
         plot_curves(runs, prereg.threshold, args.curves_wallclock, "wallclock"),

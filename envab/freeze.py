@@ -22,13 +22,12 @@ import sys
 from collections import Counter
 
 from envab import codepins, preregistration, software
+from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
 from envab.receipts import repo_commit, subject, write_receipt
-from envab.schema import ConfigError
 from envab.split import (
     STRATA,
-    SplitError,
     functional_class,
     rule_text,
     split_tasks,
@@ -160,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except (ConfigError, SplitError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (Refusal, FileNotFoundError, ValueError) as e:
+        return refused(e)
     return 0
 
 

@@ -10,12 +10,14 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from envab.errors import Refusal
+
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 CONFIG_SCHEMA = SCHEMAS / "config.schema.yaml"
 TARGET_SCHEMA = SCHEMAS / "target.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(Refusal, ValueError):
     """A configuration or pre-registration problem, already phrased as one line."""
 
 

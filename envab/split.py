@@ -22,6 +22,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 
+from envab.errors import Refusal
 from envab.hashing import sha256_json
 
 
@@ -35,7 +36,7 @@ UNITS = ("task", "class")
 NO_FAMILY = "_none"
 
 
-class SplitError(ValueError):
+class SplitError(Refusal, ValueError):
     pass
 
 

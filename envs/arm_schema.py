@@ -16,10 +16,11 @@ from functools import cache
 
 import jsonschema
 
+from envab.errors import Refusal
 from envab.schema import CONFIG_SCHEMA, filling_defaults, load_schema
 
 
-class ArmError(ValueError):
+class ArmError(Refusal, ValueError):
     """An arm config that cannot be opened; the message is one line naming the key."""
 
 

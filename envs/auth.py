@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from envab.errors import Refusal
+
 DEFAULT_TOKEN_FILE = "/etc/drums/token"  # where a drumsd host keeps its token (drums-verifiers)
 
 
-class TokenError(RuntimeError):
+class TokenError(Refusal, RuntimeError):
     """No usable token: the file is missing or empty, or nothing names one (one line)."""
 
 

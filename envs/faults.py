@@ -21,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from envab.errors import Refusal
+
 UNKNOWN_GATE = "display_compositor"  # the gate `unknown_gate_at_step` reports: no client knows it
 
 
-class FaultError(ValueError):
+class FaultError(Refusal, ValueError):
     """A fault switch that does not exist or has the wrong kind of value."""
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from envab.errors import Refusal
+
 _environments: frozenset[int] | None = None
 
 
-class PlacementError(ValueError):
+class PlacementError(Refusal, ValueError):
     pass
 
 

@@ -59,8 +59,9 @@ from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig
 
 from envab import machine_load, preregistration
-from envab.envs.arms import ArmError, open_arm
+from envab.envs.arms import open_arm
 from envab.envs.placement import PlacementError, pin
+from envab.errors import Refusal, refused
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import Budget, Preregistration
@@ -83,7 +84,7 @@ from envab.trainer.guards import (
     check_split_file,
     heldout_ids,
 )
-from envab.trainer.model import ModelPinError, load_checked
+from envab.trainer.model import load_checked
 from envab.trainer.ranks import Ranks
 from envab.trainer.resume import (
     KILL_ENV,
@@ -857,10 +858,8 @@ def main(argv: list[str] | None = None) -> int:
         record = train(args, console, ranks)
         if record is None:  # a rank other than 0: rank 0 reports the run
             return 0
-    except (GuardError, ConfigError, ModelPinError, ArmError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        console.say(f"error: {e}")
-        return 2
+    except Refusal as e:
+        return refused(e, console)
     except OSError as e:  # a full disk, a file too large: the journal keeps the last resume point
         log.exception("the run could not write")
         line = f"error: {e}; run it again once that is fixed: it resumes from its last checkpoint"

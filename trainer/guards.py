@@ -14,12 +14,13 @@ import json
 from pathlib import Path
 
 from envab import codepins, software
+from envab.errors import Refusal
 from envab.hashing import sha256_file
 from envab.receipts import Receipts, read_receipt
 from envab.verify import verify_receipts
 
 
-class GuardError(RuntimeError):
+class GuardError(Refusal, RuntimeError):
     """A reason to refuse the run; the message is one line."""
 
 

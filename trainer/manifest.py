@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from envab.errors import Refusal
 from envab.hashing import file_manifest
 
 # Bookkeeping that tools drop into a model folder, never model content, and the only paths left out
@@ -24,7 +25,7 @@ HUB_BOOKKEEPING = ".cache"
 SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"
 
 
-class ModelPinError(Exception):
+class ModelPinError(Refusal):
     """A model source, folder or manifest that cannot be used; the message is one line."""
 
 

@@ -46,6 +46,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, sha256_file
 from envab.io import atomic_write_text, read_jsonl
 from envab.receipts import Receipts, read_receipt
@@ -468,9 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{source}: {len(manifest)} files pinned in {args.write}")
             else:
                 print(_dump({"source": str(source), "manifest": manifest}, args.json))
-    except ModelPinError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except Refusal as e:
+        return refused(e, code=1)
     return 0
 
 

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 from envab import preregistration
+from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest
 from envab.receipts import subject, write_receipt
-from envab.schema import ConfigError
 from envab.trainer.manifest import read_manifest_file
 from envab.trainer.model import (
     ModelPinError,
@@ -85,9 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         files = pin_model(args)
-    except (ConfigError, ModelPinError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (Refusal, ValueError) as e:
+        return refused(e)
     print(f"model: {len(files)} files match the manifest")
     return 0
 

@@ -32,13 +32,13 @@ import tempfile
 from pathlib import Path
 
 from envab import preregistration
-from envab.envs.arms import ArmError, open_arm
+from envab.envs.arms import open_arm
 from envab.envs.protocol import Backend
+from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
 from envab.progress import Console, job_console
 from envab.receipts import subject, write_receipt
-from envab.schema import ConfigError
 from envab.trainer import agent
 from envab.trainer.compute import check_cuda, compute_settings
 from envab.trainer.guards import (
@@ -49,7 +49,7 @@ from envab.trainer.guards import (
     check_split_file,
     heldout_ids,
 )
-from envab.trainer.model import ModelPinError, load_checked
+from envab.trainer.model import load_checked
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         summary = train(args, console)
-    except (GuardError, ConfigError, ModelPinError, ArmError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        console.say(f"error: {e}")
-        return 2
+    except Refusal as e:
+        return refused(e, console)
     line = (
         f"{summary['demonstrations']} demonstrations, {summary['steps']} steps, "
         f"mean training loss {summary['loss']:.4f}"

@@ -40,6 +40,7 @@ from pathlib import Path
 from envab.envs import scratch
 from envab.envs.host.channel import PipeChannel
 from envab.envs.lifetime import start_child
+from envab.errors import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ RUNSC = "runsc"
 PLATFORM = "ptrace"
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(Refusal, RuntimeError):
     """gVisor cannot run here; the message says why and what to do."""
 
 
@@ -308,7 +309,7 @@ class Gvisor:
     def _first_words(self, sandbox: Sandbox, message) -> dict:
         try:
             if message is None:
-                return sandbox.channel.recv(timeout=self.timeout_s)
+                return sandbox.channel.recv(timeout=self.timeout_s, expect="started")
             return sandbox.channel.call(message, timeout=self.timeout_s)
         except Exception:
             self.stop(sandbox, kill=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from envab.envs.qemu import image
 from envab.envs.qemu.pool import QemuConfig, QemuPool
-from envab.envs.qemu.tools import ToolMissing
 from envab.envs.tasks.build import build
+from envab.errors import Refusal, refused
 
 
 def check(argv: list[str]) -> int:
@@ -35,9 +35,8 @@ def check(argv: list[str]) -> int:
         pool = QemuPool(
             QemuConfig(vms=args.vms, memory_mib=args.memory, cache=args.cache, build=False)
         )
-    except (ToolMissing, image.BuildError) as e:
-        print(f"envab.envs.qemu: {e}", file=sys.stderr)
-        return 1
+    except (Refusal, image.BuildError) as e:
+        return refused(e, prefix="envab.envs.qemu", code=1)
     with pool:
         print(f"pool: {pool.describe()}")
         for task in tasks:

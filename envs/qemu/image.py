@@ -37,8 +37,9 @@ import PIL
 from envab.envs.arm_schema import QEMU_DEFAULTS
 from envab.envs.desktop import Desktop
 from envab.envs.qemu.accel import choose
-from envab.envs.qemu.tools import ToolMissing, require
+from envab.envs.qemu.tools import require
 from envab.envs.qemu.vm import VM, AgentError, AgentTimeout, VMDied, VMSpec
+from envab.errors import Refusal, refused
 from envab.hashing import sha256_bytes, sha256_file, sha256_json
 from envab.io import atomic_write_json
 from envab.progress import job_console
@@ -556,10 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ImageConfig(cache=args.cache, memory_mib=args.memory, accel=args.accel)
         record = ensure_guest(config, log=stage)
-    except (ToolMissing, BuildError, ValueError) as e:
-        print(f"envab.envs.qemu.image: {e}", file=sys.stderr)
-        console.say(f"error: {e}")
-        return 1
+    except (Refusal, BuildError, ValueError) as e:
+        return refused(e, console, prefix="envab.envs.qemu.image", code=1)
     out = args.record or args.cache / f"guest-{record.memory_mib}-{record.accel}.json"
     atomic_write_json(out, record.to_dict())
     line = (

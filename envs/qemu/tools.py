@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+from envab.errors import Refusal
+
 PACKAGE_OF = {
     "qemu-system-x86_64": "qemu-system-x86",
     "qemu-img": "qemu-utils",
@@ -12,7 +14,7 @@ PACKAGE_OF = {
 }
 
 
-class ToolMissing(RuntimeError):
+class ToolMissing(Refusal, RuntimeError):
     """A host tool is not installed; the message is one line naming the package."""
 
 

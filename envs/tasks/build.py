@@ -30,6 +30,7 @@ from envab.envs.desktop import Desktop
 from envab.envs.tasks import templated
 from envab.envs.tasks.checkers import out_of_scope_digest
 from envab.envs.tasks.families import FAMILIES
+from envab.errors import refused
 from envab.hashing import sha256_bytes, sha256_file
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
 
@@ -215,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             index = write_build(paths, *build_args)
     except ValueError as e:
-        print(f"task build failed: {e}", file=sys.stderr)
-        return 1
+        return refused(e, prefix="task build failed", code=1)
     print(
         f"{index['tasks']} tasks ({len(index['families'])} families, {index['near_misses']} near "
         f"misses) in {paths['tasks.jsonl'].parent} in {time.perf_counter() - t0:.2f}s"

@@ -21,12 +21,13 @@ from functools import cache
 from importlib import metadata
 
 from envab.envs.tasks.checkers import CHECKERS
+from envab.errors import Refusal
 
 DISTRIBUTION = "desktop-env"
 INFEASIBLE = "infeasible"  # OSWorld's metric-less verdict: 1 when the agent answered FAIL
 
 
-class EvaluatorsMissing(RuntimeError):
+class EvaluatorsMissing(Refusal, RuntimeError):
     """desktop-env is not installed, so OSWorld's metric and getter names cannot be read."""
 
 

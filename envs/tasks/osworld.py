@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envab.envs.tasks.evaluators import EvaluatorsMissing, missing_evaluators
+from envab.envs.tasks.evaluators import missing_evaluators
+from envab.errors import Refusal, refused
 from envab.hashing import sha256_bytes
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
 
@@ -38,7 +39,7 @@ ADDED = ("domain", "source_sha256")  # the fields the freeze adds to a task file
 CONJ = ("and", "or")
 
 
-class TaskSourceError(ValueError):
+class TaskSourceError(Refusal, ValueError):
     """A task source that cannot be frozen; the message names the file or line and the reason."""
 
 
@@ -262,17 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         frozen = load_dir(args.dir, args.index) if args.dir else load_jsonl(args.jsonl)
-    except (TaskSourceError, EvaluatorsMissing, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (Refusal, OSError) as e:
+        return refused(e)
     if args.runnable == "xdesktop":
         from envab.envs.xdesktop.evaluate import unavailable  # the X desktop's routes, getters
 
-        refused = [(t, gaps) for t in frozen.tasks if (gaps := unavailable(t.task))]
-        for t, gaps in refused:
+        unrunnable = [(t, gaps) for t in frozen.tasks if (gaps := unavailable(t.task))]
+        for t, gaps in unrunnable:
             print(f"error: {t.origin}: task {t.task['id']}: {'; '.join(gaps)}", file=sys.stderr)
-        if refused:
-            print(f"error: {len(refused)} of {len(frozen.tasks)} tasks cannot run on the X "
+        if unrunnable:
+            print(f"error: {len(unrunnable)} of {len(frozen.tasks)} tasks cannot run on the X "
                   "desktop; nothing written", file=sys.stderr)  # fmt: skip
             return 2
     write(frozen, args.tasks, args.sources if args.dir else None, args.report)

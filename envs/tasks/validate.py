@@ -26,6 +26,7 @@ from pathlib import Path
 from envab.envs.arms import ArmError, arm_settings, open_arm
 from envab.envs.drums import EMBEDDED
 from envab.envs.tasks.local import LocalBackend
+from envab.errors import refused
 from envab.io import atomic_write_json, read_jsonl
 
 NOOP = "noop"
@@ -156,14 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tasks, solutions = list(read_jsonl(args.tasks)), list(read_jsonl(args.solutions))
     except (OSError, ValueError) as e:
-        print(f"cannot read the task set: {e}", file=sys.stderr)
-        return 2
+        return refused(e, prefix="cannot read the task set")
     try:
         with open_backend(args.url, args.embedded, args.arm) as backend:
             results = validate(backend.create, tasks, solutions)
     except ArmError as e:  # e.g. --url embedded, which names no mode
-        print(f"cannot open the arm: {e}", file=sys.stderr)
-        return 2
+        return refused(e, prefix="cannot open the arm")
     rejected = [r for r in results if not r.accepted]
     plays = sum(len(r.plays) for r in results)
     if args.report:

@@ -44,6 +44,7 @@ from envab.envs.qemu.image import (
     _unmount_under,
 )
 from envab.envs.qemu.tools import require
+from envab.errors import Refusal, refused
 from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
 
@@ -233,9 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
-    except (BuildError, subprocess.SubprocessError) as e:
-        print(f"envab.envs.xdesktop.image: {e}", file=sys.stderr)
-        return 1
+    except (Refusal, BuildError, subprocess.SubprocessError) as e:
+        return refused(e, prefix="envab.envs.xdesktop.image", code=1)
     print(f"{built.digest[:16]} {built.rootfs}")
     return 0
 

@@ -40,6 +40,7 @@ from envab.envs.qemu.image import BuildError, make_disk, qemu_version
 from envab.envs.qemu.tools import require
 from envab.envs.qemu.vm import VM, VMDied, VMSpec
 from envab.envs.xdesktop.image import REPO, ensure_desktop
+from envab.errors import Refusal, refused
 from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
 
@@ -48,7 +49,7 @@ BOOT_TIMEOUT_S = 900.0  # a first boot under TCG, X and its fonts included
 
 
 class Frames(Channel):
-    """The server's channel (length-prefixed pickles) over the VM's virtio-serial socket."""
+    """The server's channel (length-prefixed JSON frames) over the VM's virtio-serial socket."""
 
     def __init__(self, path: Path):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -126,7 +127,9 @@ def build_warm(spec: VMSpec, warm: Path, size: tuple[int, int]) -> dict:
         try:
             t0 = time.monotonic()
             vm.launch(loadvm=None)
-            vm.agent.recv(timeout=BOOT_TIMEOUT_S)  # the server's first words: it is up
+            vm.agent.recv(
+                timeout=BOOT_TIMEOUT_S, expect="started"
+            )  # the server's first words: it is up
             boot_s = time.monotonic() - t0
             prepared = _ok(vm.agent.call(("prepare", tuple(size)), timeout=300))
             hello = _ok(vm.agent.call(("hello",), timeout=60))
@@ -291,9 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         guest = ensure_guest(size, args.cache, args.memory, args.accel,
                              log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
-    except (BuildError, subprocess.SubprocessError, OSError) as e:
-        print(f"envab.envs.xdesktop.qemu: {e}", file=sys.stderr)
-        return 1
+    except (Refusal, BuildError, subprocess.SubprocessError, OSError) as e:
+        return refused(e, prefix="envab.envs.xdesktop.qemu", code=1)
     print(f"{guest.digest[:16]} {guest.warm}")
     return 0
 
