@@ -25,10 +25,26 @@ class ArmError(Refusal, ValueError):
 
 
 @cache
+def _schema() -> dict:
+    return load_schema(CONFIG_SCHEMA)
+
+
+@cache
 def _arm_validator():
-    schema = load_schema(CONFIG_SCHEMA)
+    schema = _schema()
     arm = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": "#/$defs/arm"}
     return filling_defaults(jsonschema.validators.validator_for(arm))(arm)
+
+
+def _embedded_host_choices(key: str) -> tuple[str, ...]:
+    return tuple(_schema()["$defs"]["drums_arm"]["properties"][key]["enum"])
+
+
+#: An embedded host's modes, sandboxes and worlds, as a drums arm names them (the host's CLI and
+#: HostConfig take the same).
+MODES = _embedded_host_choices("mode")
+SANDBOXES = _embedded_host_choices("sandbox")
+WORLDS = _embedded_host_choices("world")
 
 
 def arm_settings(arm_config: Mapping) -> dict:
@@ -41,6 +57,20 @@ def arm_settings(arm_config: Mapping) -> dict:
         message = error.message.replace("Additional properties are not allowed", "unknown key")
         raise ArmError(f"arm{where}: {message}")
     return arm
+
+
+def check_embedded_host(mode: str | None, sandbox: str, world: str, rootfs_given: bool) -> None:
+    """What an embedded host's settings must be together, which a schema's one enum per key
+    cannot say; raises ArmError naming the conflict. `open_arm` checks an arm's settings with it
+    and `HostConfig` a host's, so an arm is refused before its host would be."""
+    if world == "xdesktop" and sandbox == "process":
+        raise ArmError("world xdesktop runs in gVisor sandboxes or QEMU VMs, not processes")
+    if world == "xdesktop" and sandbox == "qemu" and rootfs_given:
+        raise ArmError("rootfs is a gVisor sandbox's root; sandbox qemu boots the disk it "
+                       "makes from build/xdesktop")  # fmt: skip
+    if sandbox == "qemu" and (world != "xdesktop" or mode != "restore"):
+        raise ArmError("sandbox qemu runs the X desktop in restore mode (world: xdesktop, "
+                       "mode: restore): a VM cannot fork")  # fmt: skip
 
 
 #: Every setting of a qemu arm that config.yaml leaves out.

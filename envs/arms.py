@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from envab.envs.arm_schema import ArmError, arm_settings
+from envab.envs.arm_schema import ArmError, arm_settings, check_embedded_host
 from envab.envs.controls import ControlBackend
 from envab.envs.drums import EMBEDDED, DrumsError, connect
 from envab.envs.host.gvisor import gvisor_problem
@@ -50,24 +50,17 @@ def open_arm(
         if key in arm and arm["url"] != EMBEDDED:
             raise ArmError(f"{key} is the embedded host's setting (url: embedded); a Drums host "
                            "chooses its own")  # fmt: skip
-    sandbox = arm.get("sandbox", "gvisor")
+    sandbox, world = arm.get("sandbox", "gvisor"), arm.get("world", "pillow")
+    check_embedded_host(arm.get("mode"), sandbox, world, rootfs_given="rootfs" in arm)
     if arm["url"] == EMBEDDED and sandbox == "gvisor" and gvisor_problem():
         raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
     host_args = []
-    if arm.get("world", "pillow") == "xdesktop":
-        if sandbox == "process":
-            raise ArmError("world xdesktop runs in gVisor sandboxes or QEMU VMs, not processes")
+    if world == "xdesktop":
         host_args = ["--world", "xdesktop"]
         if sandbox == "gvisor":
             host_args += ["--rootfs", _xdesktop_root(arm.get("rootfs"))]
-        elif "rootfs" in arm:
-            raise ArmError("rootfs is a gVisor sandbox's root; sandbox qemu boots the disk it "
-                           "makes from build/xdesktop")  # fmt: skip
     client = {}
     if sandbox == "qemu":
-        if arm.get("world") != "xdesktop" or arm.get("mode") != "restore":
-            raise ArmError("sandbox qemu runs the X desktop in restore mode (world: xdesktop, "
-                           "mode: restore): a VM cannot fork")  # fmt: skip
         # A guest under TCG starts an application in tens of seconds, not a sandbox's few.
         host_args += ["--create-timeout", "600", "--step-timeout", "60"]
         client = {"create_timeout_s": 660.0, "step_timeout_s": 90.0}

@@ -10,9 +10,10 @@ import sys
 
 import uvicorn
 
+from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS
 from envab.envs.host.app import build_app
 from envab.envs.host.embedded import host_token
-from envab.envs.host.pool import MODES, SANDBOXES, WORLDS, HostConfig
+from envab.envs.host.pool import HostConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

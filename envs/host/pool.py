@@ -35,6 +35,7 @@ from typing import Any
 
 from PIL import Image
 
+from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS, check_embedded_host
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
 from envab.envs.host.gvisor import Gvisor, Sandbox
@@ -55,9 +56,6 @@ from envab.hashing import sha256_json
 
 log = logging.getLogger(__name__)
 
-MODES = ("restore", "fork")
-SANDBOXES = ("gvisor", "process", "qemu")
-WORLDS = ("pillow", "xdesktop")  # the Pillow desktop, or the real X desktop (envs/xdesktop)
 XDESKTOP_SERVER = ["/usr/bin/python3", "/opt/envab/xdesktop/server.py", "--stdio"]
 # Not `-m envab.envs.host.worker`: the package imports the worker module before runpy would run it.
 _ZYGOTE = "import sys; from envab.envs.host.worker import main; main(sys.argv[1:])"
@@ -108,13 +106,7 @@ class HostConfig:
             raise ValueError(f"world must be one of {WORLDS}, got {self.world!r}")
         if self.world == "xdesktop" and self.sandbox == "gvisor" and not self.rootfs:
             raise ValueError("the X desktop runs in a gVisor sandbox on its built root (rootfs)")
-        if self.world == "xdesktop" and self.sandbox == "process":
-            raise ValueError("the X desktop runs in a gVisor sandbox or a QEMU VM, not a process")
-        if self.sandbox == "qemu" and (self.world != "xdesktop" or self.mode != "restore"):
-            raise ValueError("sandbox qemu runs the X desktop in restore mode (a VM cannot fork)")
-        if self.sandbox == "qemu" and self.rootfs:
-            raise ValueError("sandbox qemu boots the disk it makes from build/xdesktop; --rootfs "
-                             "is a gVisor sandbox's root")  # fmt: skip
+        check_embedded_host(self.mode, self.sandbox, self.world, rootfs_given=bool(self.rootfs))
         if self.step_timeout_s <= 0 or self.create_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 

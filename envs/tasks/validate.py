@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from envab.envs.arm_schema import MODES
 from envab.envs.arms import ArmError, arm_settings, open_arm
 from envab.envs.drums import EMBEDDED
 from envab.envs.tasks.local import LocalBackend
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--url", help="validate on this Drums host (default: in-process)")
     where.add_argument(
         "--embedded",
-        choices=("fork", "restore"),
+        choices=MODES,
         help="start the embedded host in this mode and validate over HTTP",
     )
     where.add_argument(

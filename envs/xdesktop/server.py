@@ -13,7 +13,7 @@ getter may ask for but this desktop does not provide (/terminal, /accessibility)
 Two ways in, one set of handlers:
 - `--http PORT`: an HTTP server (a guest whose host reaches it over a forwarded port);
 - `--stdio`: the env-ab host's channel over standard input and output (a gVisor sandbox has no
-  network): length-prefixed pickles, the same operations as the Pillow desktop's worker
+  network): length-prefixed JSON frames, the same operations as the Pillow desktop's worker
   (prepare, hello, init, arm, step, observe, state, close) plus `http`, which carries one raw
   request to the handlers above (the host relays OSWorld's getters through it);
 - `--port NAME`: the same channel over a virtio-serial port (a QEMU guest, started by systemd).
@@ -25,13 +25,13 @@ expect; the fault switches are the worker's (kill, stall, blank, stale, corrupt 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import email.parser
 import hashlib
 import io
 import json
 import os
-import pickle
 import random
 import select
 import shlex
@@ -51,6 +51,28 @@ SETTLE_S = 1.0  # the longest a step waits for the screen to stop changing
 # 30 to 90 s in a QEMU guest under TCG (more when the machine is busy).
 WINDOW_WAIT_S = 300.0
 _HEADER = struct.Struct("!I")
+MAX_FRAME = 64 * 2**20  # as envs/host/channel.py: an answer past it is refused, not sent
+
+
+def encode(message) -> bytes:
+    """envs/host/channel.py's frame payload (this server runs without the env-ab package, so it
+    keeps its own copy; tests/test_channel.py holds the two to each other)."""
+
+    def tagged(value):
+        if isinstance(value, bytes | bytearray):
+            return {"$bytes": base64.b64encode(value).decode("ascii")}
+        raise TypeError(f"a channel message cannot carry {type(value).__name__}")
+
+    return json.dumps(message, default=tagged, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(data: bytes):
+    def untagged(obj: dict):
+        if set(obj) == {"$bytes"}:
+            return base64.b64decode(obj["$bytes"], validate=True)
+        return obj
+
+    return json.loads(data, object_hook=untagged)
 
 
 class SetupError(RuntimeError):
@@ -494,7 +516,7 @@ def serve_port(env: Environment, name: str) -> None:
 
 
 def serve_frames(env: Environment, rfd: int, wfd: int, on_eof) -> None:
-    """Length-prefixed pickles, one operation each; both ends are env-ab's own processes."""
+    """Length-prefixed JSON frames (envs/host/channel.py), one operation each."""
 
     def read(n: int) -> bytes:
         buf = b""
@@ -508,7 +530,9 @@ def serve_frames(env: Environment, rfd: int, wfd: int, on_eof) -> None:
         return buf
 
     def send(message) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode(message)
+        if len(data) > MAX_FRAME:
+            data = encode({"error": f"an answer of {len(data)} bytes is over the frame limit"})
         view = memoryview(_HEADER.pack(len(data)) + data)
         while view:
             view = view[os.write(wfd, view) :]
@@ -518,7 +542,7 @@ def serve_frames(env: Environment, rfd: int, wfd: int, on_eof) -> None:
         send({"pid": os.getpid()})
     while True:
         (size,) = _HEADER.unpack(read(_HEADER.size))
-        op, *args = pickle.loads(read(size))
+        op, *args = decode(read(size))
         if op == "close":
             os._exit(0)
         try:
