@@ -3,6 +3,8 @@
 The schema (`schemas/config.schema.yaml`, `$defs/arm`) is the one place an arm's defaults are
 written: Snakemake fills them into config.yaml, and `arm_settings` fills them into an arm given
 in code or on a command line, so `QemuConfig`, the guest image and the CLIs read the same numbers.
+What one enum per key cannot say, how an embedded host's settings go together, is
+`check_embedded_host`: the arm (`open_arm`) and the host (`HostConfig`) both call it.
 
 This module is a leaf (the QEMU arm imports it for its defaults); opening an arm is
 `envab.envs.arms`.

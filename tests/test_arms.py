@@ -11,9 +11,10 @@ import pytest
 import yaml
 from snakemake.utils import validate as snakemake_validate
 
-from envab.envs.arm_schema import QEMU_DEFAULTS
+from envab.envs.arm_schema import MODES, QEMU_DEFAULTS, SANDBOXES, WORLDS
 from envab.envs.arms import ArmError, arm_settings, open_arm
 from envab.envs.drums import DrumsBackend
+from envab.envs.host.pool import HostConfig
 from envab.envs.protocol import ActionRejected
 from envab.envs.qemu.image import ImageConfig
 from envab.envs.qemu.pool import QemuConfig
@@ -116,6 +117,32 @@ def test_a_wrong_arm_is_refused_with_one_line_before_anything_starts(arm, faults
     assert str(refused.value) == message
     assert isinstance(refused.value, ValueError)
     assert arm == given  # the caller's arm is never changed
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        {"mode": "restore", "sandbox": "process", "world": "xdesktop"},
+        {"mode": "fork", "sandbox": "qemu", "world": "xdesktop"},
+        {"mode": "restore", "sandbox": "qemu", "world": "pillow"},
+        {"mode": "restore", "sandbox": "qemu", "world": "xdesktop", "rootfs": "/somewhere"},
+    ],
+)
+def test_an_embedded_host_refuses_what_its_arm_refuses_with_the_same_line(host):
+    """The rules an embedded host's settings obey together are written once
+    (envs/arm_schema.py), so an arm and the host it would start refuse alike."""
+    arm = {"backend": "drums", "url": "embedded", **host}
+    with pytest.raises(ArmError) as by_arm, open_arm(arm):
+        pass
+    with pytest.raises(ArmError) as by_host:
+        HostConfig(**host)
+    assert str(by_host.value) == str(by_arm.value)
+    # The host and the arm offer the schema's choices.
+    assert (MODES, SANDBOXES, WORLDS) == (
+        ("fork", "restore"),
+        ("gvisor", "process", "qemu"),
+        ("pillow", "xdesktop"),
+    )
 
 
 def test_qemu_arms_get_every_default_from_the_schema_and_drums_arms_none():
