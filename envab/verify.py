@@ -4,7 +4,9 @@
     python -m envab.verify --receipts receipts/embedded-default-v8/*.json --html verification.html
 
 Prints ``ok`` / ``MISMATCH`` / ``MISSING`` / ``MALFORMED`` with the path for every subject and every
-receipt a receipt depends on, and exits non-zero on any failure. A subject that is a run's
+receipt a receipt depends on, and exits non-zero on any failure. In a bundle (envab/bundle.py) a
+file deliberately left out (model weights) is ``NOT SHIPPED``: its digest is the receipt's, its
+bytes are not there to check; counted on its own, neither ok nor failed. A subject that is a run's
 checkpoints.jsonl vouches for the files it lists, so each saved checkpoint's files
 (checkpoints/<name>/<file>, next to it) are checked against the digests recorded there too.
 ``--html`` also writes the checks as a page for the Snakemake report (written before the exit
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envab.bundle import NOT_SHIPPED_STATUS, not_shipped
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
 from envab.receipts import read_receipt, statement_digest
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Check:
-    status: str  # ok | MISMATCH | MISSING | MALFORMED
+    status: str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED
     path: str
     receipt: str
     role: str  # subject | depends_on | receipt | checkpoint file
@@ -43,6 +46,10 @@ class Check:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in ("ok", NOT_SHIPPED_STATUS)
 
     def line(self) -> str:
         if self.role == "receipt":
@@ -54,9 +61,10 @@ class Digests:
     """sha256 of files, each read once however many receipts name it, hashed in parallel
     (hashlib releases the GIL on large updates, so threads use every core)."""
 
-    def __init__(self, workers: int | None = None):
+    def __init__(self, workers: int | None = None, not_shipped: dict[str, str] | None = None):
         self.workers = workers or os.cpu_count() or 1
         self._known: dict[Path, str] = {}
+        self.not_shipped = not_shipped or {}  # a bundle's left-out files: name -> kept digest
 
     def prefetch(self, paths) -> None:
         todo = sorted({p for p in paths if p not in self._known and p.is_file()})
@@ -79,6 +87,8 @@ def _check_digest(entry: dict, root: Path, receipt: str, role: str, digests: Dig
     if not expected:
         return Check("MALFORMED", name, receipt, role)
     if not path.is_file():
+        if digests.not_shipped.get(name) == expected:
+            return Check(NOT_SHIPPED_STATUS, name, receipt, role, expected)
         return Check("MISSING", name, receipt, role, expected)
     status = "ok" if digests(path) == expected else "MISMATCH"
     return Check(status, name, receipt, role, expected)
@@ -137,7 +147,7 @@ def verify_receipts(
             statements.append((name, read_receipt(file) if Path(file).is_file() else None))
         except (ValueError, KeyError, TypeError):
             statements.append((name, {}))
-    digests = Digests(workers)
+    digests = Digests(workers, not_shipped(root))
     named = [
         root / entry["name"]
         for _, statement in statements
@@ -188,9 +198,11 @@ def _entries(statement: dict) -> list:
 
 
 def verdict(checks: list[Check]) -> str:
-    """The one-line result, e.g. ``verify: 12 ok, 0 failed``."""
-    failed = sum(not c.ok for c in checks)
-    return f"verify: {len(checks) - failed} ok, {failed} failed"
+    """The one-line result, e.g. ``verify: 12 ok, 0 failed`` (``, 3 not shipped`` in a bundle)."""
+    failed = sum(c.failed for c in checks)
+    left_out = sum(c.status == NOT_SHIPPED_STATUS for c in checks)
+    shipped = f", {left_out} not shipped (digest only)" if left_out else ""
+    return f"verify: {sum(c.ok for c in checks)} ok{shipped}, {failed} failed"
 
 
 def checks_frame(checks: list[Check]) -> pd.DataFrame:
@@ -222,7 +234,7 @@ td {{ font-family: monospace; }}
 
 def verification_html(checks: list[Check], folder: str) -> str:
     """A self-contained page: the verdict, the command that rechecks it, the table of checks."""
-    failed = [f"{c.status} {c.path}" for c in checks if not c.ok]
+    failed = [f"{c.status} {c.path}" for c in checks if c.failed]
     summary = f"Failed: {', '.join(failed)}." if failed else "Every digest matches."
     return PAGE.format(
         title=html.escape(verdict(checks)),
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     print(verdict(checks))
     if args.html:  # before the exit status: a failed verify is what the page must show
         atomic_write_text(args.html, verification_html(checks, folder))
-    return 0 if all(c.ok for c in checks) else 1
+    return 1 if any(c.failed for c in checks) else 0
 
 
 if __name__ == "__main__":

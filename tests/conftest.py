@@ -139,6 +139,43 @@ def frozen(frozen_once, tmp_path, make_workflow) -> Workflow:
 FIRST = ("test_answer.py", "test_xdesktop.py", "test_train.py", "test_agent.py", "test_ranks.py")
 
 
+# The two tiers (docs/reference/tests.md). The fast tier, `pytest -m "not integration"`, is the
+# inner loop: pure functions, schemas, the split, statistics, the model's forward pass, the
+# protocol against in-process or loopback hosts. The integration tier is everything that starts
+# Snakemake (any test with a workflow fixture), a gVisor sandbox, a QEMU guest, the X desktop, or
+# the pipeline's own command lines as subprocesses: the files below, each minutes or seconds a
+# test. CI runs both tiers (the README's test command runs every test).
+WORKFLOW_FIXTURES = {"make_workflow", "workflow", "frozen", "frozen_once"}
+INTEGRATION_FILES = {
+    "test_agent.py",  # both arms, QEMU among them
+    "test_answer.py",
+    "test_arms.py",
+    "test_bad_inputs.py",
+    "test_controls.py",
+    "test_factory.py",
+    "test_gvisor.py",
+    "test_heldout.py",
+    "test_host.py",
+    "test_machine_load.py",
+    "test_model.py",
+    "test_outcome.py",
+    "test_placement.py",
+    "test_profiles.py",
+    "test_progress.py",
+    "test_qemu.py",
+    "test_scratch.py",
+    "test_setup.py",
+    "test_templated.py",
+    "test_validate.py",
+    "test_workflow_lint.py",
+    "test_xdesktop.py",
+}
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.path.name in INTEGRATION_FILES or fixtures & WORKFLOW_FIXTURES:
+            item.add_marker(pytest.mark.integration)
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))

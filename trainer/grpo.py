@@ -40,6 +40,7 @@ tests/test_ranks.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -92,6 +93,7 @@ from envab.trainer.resume import (
     Restart,
     ResumableGRPOTrainer,
     ResumePoint,
+    held,
     moment,
 )
 from envab.trainer.vllm_server import served
@@ -855,7 +857,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     try:
-        record = train(args, console, ranks)
+        # Rank 0 owns the run's journal (the other ranks write none of it): one trainer per run.
+        with held(run_dir) if ranks.main else contextlib.nullcontext():
+            record = train(args, console, ranks)
         if record is None:  # a rank other than 0: rank 0 reports the run
             return 0
     except Refusal as e:

@@ -28,17 +28,22 @@ the data.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
+import socket
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from trl.trainer.utils import RepeatSampler
 
+from envab.errors import Refusal
 from envab.io import append_jsonl, atomic_write_json, read_jsonl
 from envab.receipts import utc_now
 from envab.trainer.generation import GuardedGenerationMixin
@@ -96,6 +101,42 @@ class Restart:
     lost_s: float  # wall-clock of the work after the point (counted in the run's wall-clock)
     wall_clock_s: float  # where the run's wall-clock continues from
     heartbeat_utc: str  # the last sign of life of the process that died
+
+
+class RunHeld(Refusal):
+    """Another trainer holds this run's journal."""
+
+
+LOCK = "journal.lock"  # beside the journal, which a fresh start removes
+
+
+@contextlib.contextmanager
+def held(run_dir: Path) -> Iterator[dict]:
+    """This process's exclusive hold on a run for the block's length: an advisory lock (flock)
+    on `<run>/journal.lock`, whose content names the holder (host, pid, since). A second trainer
+    on the same run (a rerun started beside a live job, `--rerun-incomplete` on a cluster) is
+    refused in one line naming the holder, before it reads or writes anything of the run. The
+    kernel releases the lock when the holder dies, however it dies; the file stays (removing it
+    would let two processes lock two different files of the same name)."""
+    path = Path(run_dir) / LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process"
+        os.close(fd)
+        raise RunHeld(
+            f"{run_dir}: another trainer holds this run ({holder}); one trainer per run"
+        ) from None
+    lease = {"host": socket.gethostname(), "pid": os.getpid(), "since": utc_now()}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(lease).encode() + b"\n", 0)
+        yield lease
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 class Journal:

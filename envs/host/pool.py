@@ -243,7 +243,7 @@ class Pool:
         self._zygote_proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
         theirs.close()
         self._zygote = Channel(ours)
-        hello = self._zygote.recv(timeout=self.config.create_timeout_s)
+        hello = self._zygote.recv(timeout=self.config.create_timeout_s, expect="started")
         self.zygote_pid = hello["pid"]
         log.info("zygote up (pid %s, mode %s)", self.zygote_pid, self.config.mode)
 
@@ -592,13 +592,14 @@ class Pool:
         finally:
             for _, theirs in pairs:
                 theirs.close()
-        reply = channel.recv(timeout=self.config.create_timeout_s)
+        reply = channel.recv(timeout=self.config.create_timeout_s, expect="fork")
         if "error" in reply:
             raise BadRequest(f"cannot prepare the desktop: {reply['error']}")
         out = []
         for (ours, _), pid in zip(pairs, reply["pids"], strict=True):
             child = Channel(ours)
-            out.append((child, pid, child.recv(timeout=self.config.create_timeout_s)))
+            hello = child.recv(timeout=self.config.create_timeout_s, expect="hello")
+            out.append((child, pid, hello))
         return out
 
     def _call(self, env: Environment, message, timeout: float, error_gate: Gate) -> dict | None:
