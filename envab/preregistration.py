@@ -26,12 +26,13 @@ from envab.receipts import (
     utc_now,
     write_receipt,
 )
-from envab.schema import TARGET_SCHEMA, ConfigError, check_schema, load_yaml
+from envab.schema import TARGET_SCHEMA, ConfigError, check_schema, load_schema, load_yaml
 
 RECEIPT = "preregistration.json"
 
 # Crossing rules (analysis/crossing.py applies them; which one holds is pre-registered).
 KINDS = ("lower_bound", "consecutive", "first_crossing")
+RULE_KEYS = {"confidence": "confidence", "checkpoints": "consecutive"}  # target.yaml -> field
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class CrossingRule:
     for comparison). confidence: the one-sided level of the Wilson lower bound (lower_bound only).
     consecutive: how many consecutive scored checkpoints must all be at or above the threshold
     (consecutive only). Fields that a kind does not use keep their defaults and are ignored.
+    These two defaults are the only ones not in the schema: filled there, they would be written
+    into target.crossing, which the outcome and confirmation record as target.yaml gives it.
     """
 
     kind: str
@@ -74,11 +77,8 @@ class CrossingRule:
         extra = set(section) - allowed
         if kind in KINDS and extra:
             raise ValueError(f"crossing rule {kind!r}: unexpected keys {sorted(extra)}")
-        return cls(
-            kind=kind,
-            confidence=section.get("confidence", 0.95),
-            consecutive=section.get("checkpoints", 2),
-        )
+        given = {field: section[key] for key, field in RULE_KEYS.items() if key in section}
+        return cls(kind=kind, **given)
 
     def to_dict(self) -> dict:
         """The inverse of from_dict, for the outcome record."""
@@ -160,6 +160,14 @@ class ConfirmationProtocol:
 
 #: What each control's `expect` needs of its settings (envs/controls.py).
 CONTROL_CHANGE = {"same": set(), "slower": {"reset_delay_s"}, "differ": {"flip_rewards"}}
+#: A control's settings that target.yaml may leave out, as the schema writes them.
+CONTROL_DEFAULTS = {
+    key: spec["default"]
+    for key, spec in load_schema(TARGET_SCHEMA)["properties"]["controls"]["items"][
+        "properties"
+    ].items()
+    if "default" in spec
+}
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,10 @@ class Control:
     name: str
     arm: str
     expect: str  # same | slower | differ
-    reset_delay_s: float = 0.0
-    flip_rewards: float = 0.0
-    seed: int = 0
-    tolerance: float = 0.25
+    reset_delay_s: float = 0.0  # none: this control changes no reset
+    flip_rewards: float = 0.0  # none: this control flips no reward
+    seed: int = CONTROL_DEFAULTS["seed"]
+    tolerance: float = CONTROL_DEFAULTS["tolerance"]
 
     @property
     def run_arm(self) -> str:

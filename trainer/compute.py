@@ -14,25 +14,42 @@ import re
 from dataclasses import dataclass, field
 
 from envab import software
-from envab.schema import ConfigError
+from envab.schema import CONFIG_SCHEMA, ConfigError, load_schema
+
+
+def _schema_defaults(*path: str) -> dict:
+    """The config schema's defaults of the settings at `path` under `training`: a pinned section
+    that leaves one out (a run pinned before it existed) gets the value the schema fills."""
+    node = load_schema(CONFIG_SCHEMA)["properties"]["training"]
+    for key in path:
+        node = node["properties"][key]
+    return {k: v["default"] for k, v in node["properties"].items() if "default" in v}
+
+
+COMPUTE = _schema_defaults("compute")
+LORA = _schema_defaults("compute", "lora")
+VLLM = _schema_defaults("compute", "vllm")
+GRPO = _schema_defaults("grpo")
 
 
 @dataclass(frozen=True)
 class Lora:
     r: int
     alpha: float
-    dropout: float = 0.0
-    target_modules: str | tuple[str, ...] = "all-linear"
+    dropout: float = LORA["dropout"]
+    target_modules: str | tuple[str, ...] = LORA["target_modules"]
 
 
 @dataclass(frozen=True)
 class Vllm:
     mode: str  # colocate | server
-    gpu_memory_utilization: float = 0.3
-    tensor_parallel_size: int = 1
-    port: int = 8000
-    server_gpus: str = ""  # server mode: the server's CUDA_VISIBLE_DEVICES; empty: inherited
-    startup_timeout_s: float = 600.0
+    gpu_memory_utilization: float = VLLM["gpu_memory_utilization"]
+    tensor_parallel_size: int = VLLM["tensor_parallel_size"]
+    port: int = VLLM["port"]
+    server_gpus: str = VLLM[
+        "server_gpus"
+    ]  # server mode: its CUDA_VISIBLE_DEVICES; empty: inherited
+    startup_timeout_s: float = VLLM["startup_timeout_s"]
 
     @property
     def base_url(self) -> str:
@@ -43,12 +60,12 @@ class Vllm:
 class Compute:
     """training.compute (schema defaults filled)."""
 
-    device: str = "cpu"
-    dtype: str = "float32"
-    gradient_checkpointing: bool = False
-    per_device_batch: int | None = None
-    processes: int = 1
-    accelerate_config: str | None = None
+    device: str = COMPUTE["device"]
+    dtype: str = COMPUTE["dtype"]
+    gradient_checkpointing: bool = COMPUTE["gradient_checkpointing"]
+    per_device_batch: int | None = COMPUTE["per_device_batch"]
+    processes: int = COMPUTE["processes"]
+    accelerate_config: str | None = COMPUTE["accelerate_config"]
     lora: Lora | None = None
     vllm: Vllm | None = None
     vision: dict | None = field(default=None)  # training.vision: the processor's pixel bounds
@@ -64,11 +81,12 @@ def compute_settings(training: dict) -> Compute:
     values = dict(training.get("compute") or {})
     lora = values.pop("lora", None)
     if lora is not None:
-        targets = lora.get("target_modules", "all-linear")
+        lora = {**LORA, **lora}
+        targets = lora["target_modules"]
         lora = Lora(
             r=lora["r"],
-            alpha=lora.get("alpha", 2 * lora["r"]),
-            dropout=lora.get("dropout", 0.0),
+            alpha=lora.get("alpha", 2 * lora["r"]),  # the schema's description: default 2 r
+            dropout=lora["dropout"],
             target_modules=targets if isinstance(targets, str) else tuple(targets),
         )
     vllm = values.pop("vllm", None)
@@ -82,7 +100,7 @@ def check(compute: Compute, training: dict) -> None:
     where = "training.compute"
     if compute.vllm is not None and compute.cpu:
         raise ConfigError(f"{where}.vllm: vLLM generates on a GPU only; set device: cuda")
-    if compute.vllm is not None and training["grpo"].get("turn_end", "bias") == "bias":
+    if compute.vllm is not None and training["grpo"].get("turn_end", GRPO["turn_end"]) == "bias":
         raise ConfigError(
             "training.grpo.turn_end: bias is transformers' sequence bias, which vLLM does not "
             "have; set turn_end: none (the model ends its turns itself, in evaluation too)"
