@@ -11,9 +11,19 @@ from envab.schema import CONFIG_SCHEMA, ConfigError, check_schema
 CLICK_FAMILIES = {"click_button"}
 
 
+def load_config(config: dict, source: str = "config.yaml") -> Preregistration:
+    """Validate `config` once: against the schema, whose defaults it gains in place, then the
+    pre-registration it names is loaded and the two are cross-checked; returns that
+    pre-registration."""
+    check_schema(config, CONFIG_SCHEMA, source, fill_defaults=True)
+    prereg = Preregistration.load(config["preregistration"])
+    check_config(config, prereg, source)
+    return prereg
+
+
 def check_config(config: dict, prereg: Preregistration, source: str = "config.yaml") -> None:
-    """Schema plus the cross-checks a schema cannot express (arms agree with the target)."""
-    check_schema(config, CONFIG_SCHEMA, source)
+    """The cross-checks a schema cannot express (arms agree with the target), on a config that
+    passed the schema."""
     configured, registered = set(config["arms"]), set(prereg.arms)
     if configured != registered:
         raise ConfigError(

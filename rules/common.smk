@@ -7,15 +7,13 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
-from snakemake.utils import validate
 
 from envab import preregistration
-from envab.config import check_config, select, selected_runs, selection_words
+from envab.config import load_config, select, selected_runs, selection_words
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
-from envab.preregistration import Preregistration
 from envab.receipts import FREEZE_RECEIPTS
-from envab.schema import CONFIG_SCHEMA, ConfigError, check_schema
+from envab.schema import ConfigError
 from envab.trainer.compute import compute_settings, launcher
 
 
@@ -46,10 +44,7 @@ try:
     SELECTION = selection_words(command_line_targets())
     select(config, SELECTION, "--config")
     pass_selection_to_jobs(SELECTION)
-    check_schema(config, CONFIG_SCHEMA, "config")
-    validate(config, "../schemas/config.schema.yaml")  # Snakemake's own check; fills defaults
-    PREREG = Preregistration.load(config["preregistration"])
-    check_config(config, PREREG, "config")
+    PREREG = load_config(config, "config")  # the schema's defaults filled into config
     RUNS = selected_runs(config, PREREG)
     COMPUTE = compute_settings(config["training"])  # where the model runs (trainer/compute.py)
     if preregistration.receipt_path(PREREG).is_file():

@@ -16,7 +16,7 @@ if QEMU_ARMS:
         wildcard_constraints:
             arm="|".join(QEMU_ARMS),
         params:
-            # every default filled by validate() in common.smk
+            # every default filled by load_config() in common.smk
             cache=lambda w: config["arms"][w.arm]["cache"],
             memory=lambda w: config["arms"][w.arm]["memory_mib"],
             accel=lambda w: config["arms"][w.arm]["accel"],

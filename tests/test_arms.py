@@ -19,7 +19,7 @@ from envab.envs.protocol import ActionRejected
 from envab.envs.qemu.image import ImageConfig
 from envab.envs.qemu.pool import QemuConfig
 from envab.envs.tasks.build import build
-from envab.schema import CONFIG_SCHEMA
+from envab.schema import CONFIG_SCHEMA, check_schema
 
 REPO = Path(__file__).resolve().parent.parent
 # Every qemu default, as QemuConfig had them written before the schema held them.
@@ -183,15 +183,18 @@ def test_qemu_arms_get_every_default_from_the_schema_and_drums_arms_none():
         QemuConfig.from_arm({"backend": "qemu", "build": False})
 
 
-def test_snakemakes_validate_fills_the_qemu_branch_only():
-    """What rules/common.smk runs: Snakemake's default filling reaches into the if/then branch
-    of a qemu arm (rules/guest.smk reads cache, memory_mib and accel from it) and not into a
-    drums arm, which must stay exactly as written (its pins and evaluation bytes)."""
+def test_the_config_schema_fills_the_qemu_branch_only():
+    """What rules/common.smk runs (envab/config.py load_config): the default filling reaches
+    into the if/then branch of a qemu arm (rules/guest.smk reads cache, memory_mib and accel
+    from it) and not into a drums arm, which must stay exactly as written (its pins and
+    evaluation bytes); and it fills exactly what Snakemake's own `validate` would."""
     with open(REPO / "config.yaml") as f:
         config = yaml.safe_load(f)
     config["arms"]["bare_qemu"] = {"backend": "qemu"}
     written = copy.deepcopy(config)
-    snakemake_validate(config, str(CONFIG_SCHEMA))
+    check_schema(config, CONFIG_SCHEMA, "config", fill_defaults=True)
     assert config["arms"]["drums"] == written["arms"]["drums"]
     assert config["arms"]["bare_qemu"] == QEMU_DEFAULTS
     assert config["arms"]["qemu"] == {**QEMU_DEFAULTS, **written["arms"]["qemu"]}
+    snakemake_validate(written, str(CONFIG_SCHEMA))
+    assert written == config
