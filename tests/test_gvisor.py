@@ -46,7 +46,7 @@ while True:
     except Exception:
         os._exit(0)
     if op == "hello":
-        reply = {"state_sha256": None}
+        reply = {"pid": os.getpid(), "state_sha256": None}
     elif op == "probe":
         port, secrets = args
         reply = {
@@ -61,6 +61,17 @@ while True:
         reply = {"ok": True}
     elif op == "read":
         reply = {"state": open("/tmp/state").read()}
+    elif op == "fill":  # what an agent's `dd if=/dev/zero of=/tmp/fill` does
+        written, errno_name = 0, None
+        try:
+            with open("/tmp/fill", "wb") as f:
+                while True:
+                    f.write(bytes(2**20))
+                    f.flush()
+                    written += 1
+        except OSError as e:
+            errno_name = errno.errorcode.get(e.errno, str(e.errno))
+        reply = {"written_mib": written, "errno": errno_name}
     ch.send(reply)
 """
 
@@ -235,3 +246,45 @@ def test_a_worker_that_cannot_start_in_a_sandbox_stops_the_host_at_start(tmp_pat
     with pytest.raises(SandboxUnavailable, match="the worker did not start in a gVisor sandbox"):
         gv.probe()
     assert not list((tmp_path / "gvisor" / "images").glob("*"))
+
+
+@needs_gvisor
+def test_an_agent_that_fills_its_tmpfs_hits_its_bound_and_the_others_go_on(sandboxes):
+    from envab.envs.host.gvisor import TMPFS_SIZE
+
+    bound_mib = int(TMPFS_SIZE.rstrip("m"))
+    filler, _ = sandboxes.run()
+    other, _ = sandboxes.run()
+    other.channel.call(("write", "untouched"), timeout=30)
+    filler.channel.call(("write", "before"), timeout=30)
+    filled = filler.channel.call(("fill",), timeout=120)
+    assert filled["errno"] == "ENOSPC"
+    assert bound_mib - 16 <= filled["written_mib"] <= bound_mib  # stopped at its own bound
+    assert filler.channel.call(("read",), timeout=30) == {"state": "before"}  # still answers
+    assert other.channel.call(("read",), timeout=30) == {"state": "untouched"}
+
+
+@needs_gvisor
+def test_a_fork_without_room_on_disk_loses_that_environment_not_the_host(monkeypatch):
+    import shutil as real_shutil
+
+    from envab.envs.host import gvisor as gvisor_module
+
+    tasks, solutions = build(seed=1, per_family=1)
+    task = next(t for t in tasks if t["id"] == "click_button-s1-000")
+    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", step_timeout_s=5))
+    pool.start()
+    try:
+        parent = pool.create(task)
+        usage = real_shutil.disk_usage
+        monkeypatch.setattr(
+            gvisor_module.shutil, "disk_usage", lambda path: usage(path)._replace(free=0)
+        )
+        with pytest.raises(Exception, match="died while forking") as refused:
+            pool.fork(parent["env_id"], 2)
+        assert refused.value.failed_gates == ["worker_alive"]
+        monkeypatch.setattr(gvisor_module.shutil, "disk_usage", usage)
+        again = pool.create(task)  # the host goes on
+        assert again["valid"]
+    finally:
+        pool.stop()

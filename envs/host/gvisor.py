@@ -45,6 +45,12 @@ from envab.errors import Refusal
 log = logging.getLogger(__name__)
 
 RUNSC = "runsc"
+# Each writable folder of a sandbox is a tmpfs in its memory, bounded: an agent's `dd` into /tmp
+# fails with ENOSPC inside its own environment instead of taking the host's memory, and every
+# checkpoint (the sandbox's whole memory) stays bounded with it.
+TMPFS_SIZE = "256m"
+CHECKPOINT_ROOM = 1.5  # a checkpoint image against the sandbox's memory (it is compressed less)
+MIN_FREE_BYTES = 512 * 2**20  # left free on the images' disk after any checkpoint
 PLATFORM = "ptrace"
 
 
@@ -137,10 +143,14 @@ def _write_bundle(bundle: Path, argv: Sequence[str], root: Path | None = None) -
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
-            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"},
             *(
-                {"destination": d, "type": "tmpfs", "source": "tmpfs"}
-                for d in ("/tmp", "/root", "/run")
+                {
+                    "destination": d,
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": [f"size={TMPFS_SIZE}"],
+                }
+                for d in ("/dev/shm", "/tmp", "/root", "/run")
             ),
             *binds,
         ],
@@ -316,7 +326,17 @@ class Gvisor:
             raise
 
     def checkpoint(self, sandbox: Sandbox, name: str) -> str:
-        """Checkpoint a running sandbox into a new image (the sandbox stops); the image's path."""
+        """Checkpoint a running sandbox into a new image (the sandbox stops); the image's path.
+        Refused (RuntimeError: the environment is lost, gate worker_alive) where the disk has
+        no room for the sandbox's memory: a full disk must end one environment, not the host."""
+        need = (sandbox.memory_bytes() or 0) * CHECKPOINT_ROOM + MIN_FREE_BYTES
+        free = shutil.disk_usage(self.images).free
+        if free < need:
+            self.stop(sandbox, kill=True)
+            raise RuntimeError(
+                f"no room for a checkpoint: {free / 2**20:.0f} MiB free in {self.images}, "
+                f"{need / 2**20:.0f} MiB needed"
+            )
         image = tempfile.mkdtemp(prefix=f"{name}-", dir=self.images)
         done = subprocess.run(
             self._runsc("checkpoint", "--image-path", image, sandbox.cid),
