@@ -101,3 +101,126 @@ def missing_evaluators(task: Mapping) -> list[str]:
     reg = registry()
     where = f"in desktop-env {reg.version} or this project's checkers"
     return [f"{gap} {where}" for gap in reg.missing(task)]
+
+
+# --- what a task may not make the host do -------------------------------------------------------
+# A task file is untrusted, and so is the state its metric reads back from the environment. A
+# metric or getter whose code evaluates, executes or imports text, or starts processes, would run
+# what the environment (where the agent types as root) wrote, on the training host: such a
+# function is refused at freeze. Found by reading its source (the function and what it calls in
+# its own module), never by importing it.
+_RUNS_TEXT = {"eval", "exec", "compile", "__import__", "execfile"}
+_RUNS_VIA = {
+    "os": {"system", "popen", "execv", "execve", "execvp", "spawnv", "spawnl"},
+    "subprocess": None,  # any of it
+    "importlib": None,
+    "importlib.util": None,
+    "runpy": None,
+    "pickle": {"load", "loads"},
+    "marshal": {"load", "loads"},
+    "shelve": None,
+    "ctypes": None,
+}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def _runs_code(call: ast.Call) -> str | None:
+    name = _dotted(call.func)
+    if name is None:
+        return None
+    if name in _RUNS_TEXT or name.rsplit(".", 1)[-1] in ("exec_module", "spec_from_file_location"):
+        return name
+    module, _, attr = name.rpartition(".")
+    if module in _RUNS_VIA and (_RUNS_VIA[module] is None or attr in _RUNS_VIA[module]):
+        return name
+    return None
+
+
+@cache
+def _module_functions(package: str, module: str) -> dict[str, ast.FunctionDef]:
+    dist = metadata.distribution(DISTRIBUTION)
+    source = dist.locate_file(f"desktop_env/evaluators/{package}/{module}.py").read_text()
+    return {
+        node.name: node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def runs_code(package: str, function: str) -> str | None:
+    """The first call in desktop-env's `function` (or a function of its module it calls) that
+    evaluates, executes or imports text or starts a process, e.g. "eval"; None if there is none."""
+    module = registry().modules.get((package, function))
+    if module is None:
+        return None
+    functions = _module_functions(package, module)
+    seen, todo = set(), [function]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        for node in ast.walk(functions[name]):
+            if isinstance(node, ast.Call):
+                found = _runs_code(node)
+                if found:
+                    return found
+                callee = _dotted(node.func)
+                if callee in functions:
+                    todo.append(callee)
+    return None
+
+
+def _getters(evaluator: Mapping) -> list[tuple[str, Mapping]]:
+    out = []
+    for key in ("result", "expected"):
+        value = evaluator.get(key)
+        for i, getter in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(getter, Mapping):
+                out.append(
+                    (f"evaluator.{key}" + (f"[{i}]" if isinstance(value, list) else ""), getter)
+                )
+    return out
+
+
+def bare_file_name(name) -> bool:
+    """A file name with no folder in it: what a getter's `dest` (its file in the host's cache
+    folder) must be, or it writes outside the cache."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
+
+
+def unsafe_evaluators(task: Mapping) -> list[str]:
+    """What in `task`'s evaluator would let the task or its environment act on the host: a
+    getter `dest` that is not a bare file name, and a metric or getter whose code runs text."""
+    ev = task.get("evaluator") or {}
+    problems = []
+    for where, getter in _getters(ev):
+        if "dest" in getter and not bare_file_name(getter["dest"]):
+            problems.append(f"{where}.dest {getter['dest']!r} is not a bare file name")
+    own = {name for name in CHECKERS}
+    func = ev.get("func")
+    metrics = [m for m in (func if isinstance(func, list) else [func]) if isinstance(m, str)]
+    if all(m in own or m == INFEASIBLE for m in metrics) and not _getters(ev):
+        return problems
+    for metric in metrics:
+        if metric not in own and (found := runs_code("metrics", metric)):
+            problems.append(f"metric {metric!r} runs code on the host ({found})")
+    for where, getter in _getters(ev):
+        kind = getter.get("type")
+        if isinstance(kind, str) and (found := runs_code("getters", f"get_{kind}")):
+            problems.append(f"{where} getter {kind!r} runs code on the host ({found})")
+    return problems

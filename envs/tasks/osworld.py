@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envab.envs.tasks.evaluators import missing_evaluators
+from envab.envs.tasks.evaluators import missing_evaluators, unsafe_evaluators
 from envab.errors import Refusal, refused
 from envab.hashing import sha256_bytes
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
@@ -147,6 +147,11 @@ def _parse(raw: bytes, origin: str) -> dict:
     gaps = missing_evaluators(task)
     if gaps:
         raise TaskSourceError(f"{origin}: task {task['id']}: no {', no '.join(gaps)}")
+    unsafe = unsafe_evaluators(task)
+    if (
+        unsafe
+    ):  # untrusted: nothing a task names may run on, or write outside the cache of, the host
+        raise TaskSourceError(f"{origin}: task {task['id']}: {'; '.join(unsafe)}")
     return task
 
 
