@@ -18,7 +18,8 @@ gates that failed. An invalid episode is never scored 0.
 Verdicts (the one place they are defined):
 
     valid                 every gate passed and the checker ran
-    env_failure           the environment broke: worker died, set-up failed, host unreachable
+    env_failure           the environment broke: worker died, set-up failed, host unreachable,
+                          or the host's answer was malformed (gate host_answer)
     state_mismatch        contamination: the state after restore/fork is not the expected state
     stale_generation      an action was chosen from an old screenshot (generation mismatch), or
                           the screenshot shown was drawn before the last action (a stale display)
@@ -62,6 +63,9 @@ class Gate(StrEnum):
     WORKER_ALIVE = "worker_alive"  # the environment's process is alive and answering
     SESSION_KNOWN = "session_known"  # the host still holds the environment (no restart lost it)
     HOST_REACHABLE = "host_reachable"  # the client reached the host (client side only)
+    # The host's answer is one the protocol has: every field of its JSON type and range, a PNG of a
+    # sane size, within the size limit (client side only: envs/drums/answer.py).
+    HOST_ANSWER = "host_answer"
     STEP_TIMEOUT = "step_timeout"  # the step (or set-up) finished within its limit
     SCREEN_NOT_BLANK = "screen_not_blank"  # the screenshot is not a single colour
     SCREEN_CURRENT = "screen_current"  # the screenshot was drawn after the last action
@@ -76,6 +80,7 @@ GATE_VERDICT: dict[Gate, Verdict] = {
     Gate.WORKER_ALIVE: Verdict.ENV_FAILURE,
     Gate.SESSION_KNOWN: Verdict.ENV_FAILURE,
     Gate.HOST_REACHABLE: Verdict.ENV_FAILURE,
+    Gate.HOST_ANSWER: Verdict.ENV_FAILURE,
     Gate.STEP_TIMEOUT: Verdict.TIMEOUT,
     Gate.SCREEN_NOT_BLANK: Verdict.BLANK_SCREEN,
     Gate.SCREEN_CURRENT: Verdict.STALE_GENERATION,
