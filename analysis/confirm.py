@@ -7,11 +7,13 @@
 The pre-registered crossing rule (target.crossing) picks the checkpoint that reached the target
 from the run's held-out evaluations; that checkpoint is evaluated again as the frozen protocol
 evaluates every checkpoint (eval/heldout.py), but on evaluation seeds never used before
-(confirmation.first_seed onward) and with as many episodes as the exact one-sided binomial test
-needs to tell the threshold from threshold - delta (analysis/crossing.py: confirmatory_episodes),
-rounded up to whole seeds over the held-out tasks. The verdict is that test's (`confirm`):
-"confirmed", or "not confirmed", which is not "below target". A run that never crossed has
-nothing to confirm and says so.
+(confirmation.first_seed onward) and with whole seeds' worth of episodes (held-out tasks x
+episodes per task each), as few as give the exact one-sided binomial test the registered power at
+the number played (analysis/crossing.py: confirmatory_episodes). Its null is the registered one
+(confirmation.null_at: threshold - delta, or the threshold itself), stated in the record. The
+verdict is that test's (`confirm`): "confirmed", or "not confirmed", and a crossing that is not
+confirmed is not reached anywhere downstream (analysis/time_to_target.py). A run that never
+crossed has nothing to confirm and says so.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from envab import preregistration
-from envab.analysis.crossing import confirm, confirmation_power, confirmatory_episodes
+from envab.analysis.crossing import (
+    confirm,
+    confirmation_power,
+    confirmation_rates,
+    confirmatory_episodes,
+    null_statement,
+)
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
 from envab.eval.heldout import Protocol, check_inputs, checked_key, play_checkpoint
@@ -45,26 +53,37 @@ def fresh_protocol(
     frozen: Protocol, tasks: int, threshold: float, settings
 ) -> tuple[Protocol, int]:
     """The frozen protocol on fresh seeds, enough of them for the episodes the test wants; and
-    how many it wants."""
-    wanted = confirmatory_episodes(threshold, settings.delta, settings.alpha, settings.power)
+    how many it wants (a whole number of seeds: the exact power is checked at the n played)."""
+    per_seed = tasks * frozen.episodes_per_task
+    wanted = confirmatory_episodes(
+        threshold, settings.delta, settings.alpha, settings.power, per_seed, _null(settings)
+    )
     seeds = fresh_seeds(settings.first_seed, wanted, tasks, frozen.episodes_per_task)
     return replace(frozen, seeds=seeds), wanted
 
 
+def _null(settings) -> str:
+    # experiments registered before confirmation.null_at existed tested threshold - delta
+    return getattr(settings, "null_at", "threshold_minus_delta")
+
+
 def confirmation(result: dict, threshold: float, wanted: int, seeds, settings) -> dict:
     """Judge the fresh episodes: what confirm.json records besides the crossing."""
+    null = _null(settings)
     judged = confirm(
-        result["successes"], result["episodes"], threshold, settings.delta, settings.alpha
+        result["successes"], result["episodes"], threshold, settings.delta, settings.alpha, null
     )
+    _, alternative = confirmation_rates(threshold, settings.delta, null)
     return {
         "verdict": judged.verdict,
         "episodes_wanted": wanted,
         "seeds": list(seeds),
         "test": judged.to_dict(),
-        # what this many episodes gives a policy truly at the threshold (exact, not the normal
-        # approximation the count was sized by)
-        "power_at_threshold": confirmation_power(
-            threshold, result["episodes"], threshold, settings.delta, settings.alpha
+        "null": null_statement(threshold, settings.delta, null),
+        # the exact power at the episodes actually played (invalid episodes that ran out of
+        # retries can leave fewer than wanted)
+        "power": confirmation_power(
+            alternative, result["episodes"], threshold, settings.delta, settings.alpha, null
         ),
         "evaluation": {
             k: v

@@ -50,9 +50,17 @@ def setups_before(trajectories: list[dict], attempts: int) -> int:
 
 
 def _judged_checkpoint(base: RunRecords, prereg: Preregistration) -> tuple[str | None, bool]:
-    """The base run's accepted crossing, or its last checkpoint when it never crossed."""
+    """The base run's accepted crossing (confirmed, where a confirmation is registered: an
+    unconfirmed crossing is not reached here either), or its last checkpoint when it never
+    reached the target."""
     result = time_to_target(
-        base.checkpoints, base.evaluations, prereg.threshold, base.final, prereg.target.crossing
+        base.checkpoints,
+        base.evaluations,
+        prereg.threshold,
+        base.final,
+        prereg.target.crossing,
+        confirmation=base.confirmation,
+        confirmation_registered=getattr(prereg, "confirmation", None) is not None,
     )
     if result["reached"]:
         return result["checkpoint"], True

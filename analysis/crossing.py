@@ -133,19 +133,46 @@ false_crossing_probability = crossing_probability
 crossing_power = crossing_probability
 
 
-def confirmatory_episodes(
+NULLS = ("threshold_minus_delta", "threshold")  # what a confirmation's null may be
+
+
+def confirmation_rates(
+    threshold: float, delta: float, null: str = "threshold_minus_delta"
+) -> tuple[float, float]:
+    """(null rate, alternative rate) of the confirmatory test. "threshold_minus_delta" (how
+    experiments up to embedded-default-v8 registered it): H0 p <= threshold - delta, powered at
+    p = threshold, so "confirmed" rules out threshold - delta, not a rate just under the
+    threshold. "threshold": H0 p <= threshold itself, powered at threshold + delta, so
+    "confirmed" is evidence that the checkpoint is at or above the target."""
+    if null not in NULLS:
+        raise ValueError(f"confirmation null {null!r}: expected one of {', '.join(NULLS)}")
+    rates = (threshold - delta, threshold) if null == NULLS[0] else (threshold, threshold + delta)
+    if not (delta > 0 and 0 < rates[0] < rates[1] <= 1):
+        raise ValueError(f"need 0 < null < alternative <= 1, got {rates} (delta {delta})")
+    return rates
+
+
+def null_statement(threshold: float, delta: float, null: str = "threshold_minus_delta") -> str:
+    """The confirmation's null in words, for the outcome."""
+    low, high = confirmation_rates(threshold, delta, null)
+    if null == "threshold":
+        return f"H0 p <= {low:g} (the threshold itself), powered at {high:g}"
+    return (
+        f"H0 p <= {low:g} (threshold - delta), powered at the threshold {high:g}: it rules out "
+        f"{low:g}, not a rate between {low:g} and {high:g}"
+    )
+
+
+def approximate_episodes(
     threshold: float, delta: float = 0.05, alpha: float = 0.05, power: float = 0.8
 ) -> int:
-    """Fresh held-out episodes for a one-sample one-sided test of H0: p <= threshold - delta
-    against the alternative p = threshold, at level `alpha` with `power`.
+    """The normal (arcsine) approximation to the episodes a one-sided one-sample test of
+    H0: p <= threshold - delta needs against p = threshold. Kept for comparison only: at 0.70
+    against 0.65 it asks for 542, and the 544 a confirmation then plays (17 seeds x 32 tasks) give
+    the exact test power 0.782, not 0.8. confirmatory_episodes sizes by the exact power instead.
 
-    One sample (the accepted checkpoint against a fixed value), so NormalIndPower with ratio=0,
-    whose variance is 1/nobs1, and alternative="larger". The effect size is Cohen's h,
-    proportion_effectsize(threshold, threshold - delta) = 2 asin(sqrt p1) - 2 asin(sqrt p0): the
-    arcsine transform makes a proportion's variance 1/(4n) whatever p, so the z-test power formula
-    applies without a p-dependent variance. It is an approximation to the exact binomial test
-    that confirm() runs; confirmation_power() gives that test's exact power at any n.
-    """
+    One sample, so NormalIndPower with ratio=0 (variance 1/nobs1); the effect size is Cohen's h,
+    proportion_effectsize(threshold, threshold - delta)."""
     null = threshold - delta
     if not (delta > 0 and 0 < null < threshold <= 1):
         raise ValueError(f"need 0 < threshold - delta < threshold <= 1, got {threshold}, {delta}")
@@ -154,6 +181,40 @@ def confirmatory_episodes(
         effect_size=effect, nobs1=None, alpha=alpha, power=power, ratio=0, alternative="larger"
     )
     return math.ceil(n)
+
+
+def confirmatory_episodes(
+    threshold: float,
+    delta: float = 0.05,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    step: int = 1,
+    null: str = "threshold_minus_delta",
+) -> int:
+    """The fewest fresh episodes, a multiple of `step` (the episodes one fresh evaluation seed
+    plays: held-out tasks x episodes per task), at which the exact one-sided binomial test
+    confirm() runs has at least `power` against the alternative (confirmation_rates).
+
+    Exact, because the binomial test's power is a sawtooth in n: the normal approximation's n,
+    rounded up to whole seeds, can fall below the power asked for (544 episodes at 0.70 against
+    0.65: 0.782). Searching the multiples of `step` checks the n that is actually played."""
+    if step < 1:
+        raise ValueError(f"step must be >= 1, got {step}")
+    low, high = confirmation_rates(threshold, delta, null)
+    # the approximation (with its p-dependent variance it can err either way) bounds the search
+    start = max(1, approximate_episodes(high, high - low, alpha, power) // (2 * step))
+    for blocks in range(start, 100 * start + 1000):
+        n = blocks * step
+        if _exact_power(high, n, low, alpha) >= power:
+            return n
+    raise ValueError(f"no confirmation size below {n} episodes reaches power {power}")
+
+
+def _exact_power(true_rate: float, episodes: int, null_rate: float, alpha: float) -> float:
+    """P(the exact one-sided binomial test at `null_rate` rejects | true_rate)."""
+    k = np.arange(episodes + 2)
+    critical = k[binom.sf(k - 1, episodes, null_rate) <= alpha][0]
+    return float(binom.sf(critical - 1, episodes, true_rate))
 
 
 @dataclass(frozen=True)
@@ -173,15 +234,19 @@ class Confirmation:
 
 
 def confirm(
-    successes: int, episodes: int, threshold: float, delta: float = 0.05, alpha: float = 0.05
+    successes: int,
+    episodes: int,
+    threshold: float,
+    delta: float = 0.05,
+    alpha: float = 0.05,
+    null: str = "threshold_minus_delta",
 ) -> Confirmation:
     """Judge a fresh held-out evaluation of the accepted checkpoint: "confirmed" when the exact
-    one-sided binomial test rejects p <= threshold - delta at level alpha (equivalently the
-    one-sided Clopper-Pearson lower bound at 1 - alpha exceeds threshold - delta). Exact, so the
-    false-confirmation rate is at most alpha at any n; "not confirmed" is not "below target"."""
-    null = threshold - delta
-    if not 0 < null < 1:
-        raise ValueError(f"threshold - delta = {null}: must lie in (0, 1)")
+    one-sided binomial test rejects p <= the null rate (confirmation_rates: threshold - delta, or
+    the threshold itself) at level alpha (equivalently the one-sided Clopper-Pearson lower bound
+    at 1 - alpha exceeds it). Exact, so the false-confirmation rate at the null rate is at most
+    alpha at any n. A crossing that is not confirmed is not reached (time_to_target)."""
+    null, _ = confirmation_rates(threshold, delta, null)
     test = binomtest(successes, episodes, null, alternative="greater")
     low = float(test.proportion_ci(confidence_level=1 - alpha, method="exact").low)
     return Confirmation(
@@ -198,12 +263,41 @@ def confirm(
 
 
 def confirmation_power(
-    true_rate: float, episodes: int, threshold: float, delta: float = 0.05, alpha: float = 0.05
+    true_rate: float,
+    episodes: int,
+    threshold: float,
+    delta: float = 0.05,
+    alpha: float = 0.05,
+    null: str = "threshold_minus_delta",
 ) -> float:
     """Exact probability that confirm() says "confirmed" for a policy at `true_rate` with
-    `episodes` fresh episodes: the smallest success count k with P(X >= k | threshold - delta) <=
-    alpha is the critical value, and the power is P(X >= k | true_rate)."""
-    null = threshold - delta
-    k = np.arange(episodes + 2)
-    critical = k[binom.sf(k - 1, episodes, null) <= alpha][0]
-    return float(binom.sf(critical - 1, episodes, true_rate))
+    `episodes` fresh episodes: the smallest success count k with P(X >= k | null rate) <= alpha
+    is the critical value, and the power is P(X >= k | true_rate)."""
+    null_rate, _ = confirmation_rates(threshold, delta, null)
+    return _exact_power(true_rate, episodes, null_rate, alpha)
+
+
+def reached_probability(
+    true_rate: float,
+    threshold: float,
+    episodes: int,
+    looks: int,
+    rule: CrossingRule | Mapping,
+    confirmation_episodes: int | None = None,
+    delta: float = 0.05,
+    alpha: float = 0.05,
+    null: str = "threshold_minus_delta",
+    simulations: int = 20000,
+    seed: int = 0,
+) -> float:
+    """Probability that a flat policy at `true_rate` ends "reached": the rule accepts a crossing
+    in `looks` looks and, when a confirmation is registered (`confirmation_episodes`), the fresh
+    episodes confirm it. The confirmation plays episodes never seen by the crossing, so for a
+    flat policy the two are independent and the probability is the product. Below the threshold
+    it is the false-acceptance rate of the whole registered analysis."""
+    crossed = crossing_probability(true_rate, threshold, episodes, looks, rule, simulations, seed)
+    if confirmation_episodes is None:
+        return crossed
+    return crossed * confirmation_power(
+        true_rate, confirmation_episodes, threshold, delta, alpha, null
+    )

@@ -1,11 +1,17 @@
 """The experiment's answer, in the form the pre-registration promised.
 
 Inputs, per (arm, seed) run, each file named by one `--run`: pins.json, checkpoints.jsonl, run.json
-(the final counters and the stop reason) and eval/<checkpoint>.json (held-out results). Outputs:
-outcome.json; outcome.md with, in this order, the coincidence verdict (a gap between the arms'
-learning curves is a correctness finding and is shown above any speed result), one row per arm and
-seed, the across-seed summary, and cost per valid rollout; the learning-curve figures; the outcome
-receipt.
+(the final counters and the stop reason) and eval/<checkpoint>.json (held-out results), with
+confirm.json where a confirmation is registered. Outputs: outcome.json; outcome.md with, in this
+order, the pre-registered primary endpoint (target.yaml: primary_endpoint), exact divergence and the
+curve checks (a gap between the arms' learning curves is a correctness finding that outranks any
+speed result), one row per arm and seed, the across-seed summary with the secondary endpoints
+(Holm-adjusted), and cost per valid rollout; the learning-curve figures; the outcome receipt.
+
+A crossing that is not confirmed is not reached (analysis/time_to_target.py); a never-reached run
+is censored at the budget by every statistic (analysis/survival.py). With one seed per arm there
+is no replication: no test is run, the curve checks make no arm-level claim, and the outcome shows
+exact divergence as the only evidence about the curves.
 """
 
 from __future__ import annotations
@@ -13,17 +19,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from statsmodels.stats.multitest import multipletests
+
 from envab import preregistration
+from envab.analysis.crossing import null_statement
 from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import convergence_ratio, curve_equivalence
 from envab.analysis.figures import plot_curves
 from envab.analysis.runs import RunRecords
 from envab.analysis.statistics import coincidence
-from envab.analysis.survival import SeedTime, across_seeds
+from envab.analysis.survival import (
+    MIN_FOR_TEST,
+    NO_REPLICATION,
+    SeedTime,
+    across_seeds,
+    at_budget,
+    logrank,
+    paired_t,
+)
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_json, atomic_write_text
-from envab.preregistration import Preregistration
+from envab.preregistration import Preregistration, PrimaryEndpoint
 from envab.receipts import subject, write_receipt
 
 
@@ -65,6 +82,8 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         prereg.threshold,
         final=run.final,
         rule=prereg.target.crossing,
+        confirmation=run.confirmation,
+        confirmation_registered=getattr(prereg, "confirmation", None) is not None,
     )
     valid = run.final.get("valid_trajectories") or 0
     env_cost = run.final.get("env_cost_usd") or 0.0
@@ -89,7 +108,8 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
 
 
 def _confirmation(record: dict | None) -> dict | None:
-    """The confirmatory evaluation's verdict on the accepted crossing, when one was registered."""
+    """The confirmatory evaluation's verdict on the accepted crossing, when one was registered,
+    with its null in words (what "confirmed" rules out)."""
     if record is None:
         return None
     test = record.get("test") or {}
@@ -98,6 +118,8 @@ def _confirmation(record: dict | None) -> dict | None:
         "checkpoint": record.get("checkpoint"),
         **{k: test.get(k) for k in ("successes", "episodes", "success_rate", "lower_bound")},
         "null_rate": test.get("null_rate"),
+        "null": record.get("null"),
+        "power": record.get("power"),
     }
 
 
@@ -156,25 +178,118 @@ def _arm_summary(rows: list[dict]) -> dict:
     return summary
 
 
-def seed_time(row: dict, axis: str) -> SeedTime:
+def seed_time(row: dict, axis: str, budget: float) -> SeedTime:
     """One run's time-to-target on `axis` (wall_clock_s or valid_trajectories): at the accepted
-    crossing, after its last look below target; or censored at the budget it spent."""
+    (and, where registered, confirmed) crossing, after its last look below target; or censored at
+    `budget`, the registered budget in that unit, whatever the run spent (one rule for every
+    statistic: analysis/survival.py, at_budget)."""
     if row["reached"]:
         before = row["last_look_before"]
-        return SeedTime(row["seed"], True, row[axis], before[axis] if before else None)
-    return SeedTime(row["seed"], False, row["budget_spent"][axis])
+        return at_budget(
+            SeedTime(row["seed"], True, row[axis], before[axis] if before else None), budget
+        )
+    return SeedTime(row["seed"], False, float(budget))
 
 
-def _across_seeds(rows: list[dict], baseline: str, candidate: str, budget: float) -> dict:
+#: The registered budget of each unit time-to-target is analysed in.
+UNITS = {"wall_clock_s": "max_wall_clock_s", "valid_trajectories": "max_valid_trajectories"}
+
+
+def _times(rows: list[dict], arm: str, axis: str, prereg: Preregistration) -> list[SeedTime]:
+    budget = getattr(prereg.budget, UNITS[axis])
+    return [seed_time(r, axis, budget) for r in rows if r["arm"] == arm]
+
+
+def _across_seeds(rows: list[dict], baseline: str, candidate: str, prereg) -> dict:
     try:
         return across_seeds(
-            [seed_time(r, "wall_clock_s") for r in rows if r["arm"] == baseline],
-            [seed_time(r, "wall_clock_s") for r in rows if r["arm"] == candidate],
-            budget,
+            _times(rows, baseline, "wall_clock_s", prereg),
+            _times(rows, candidate, "wall_clock_s", prereg),
+            prereg.budget.max_wall_clock_s,
             names=(baseline, candidate),
         )
     except ValueError as e:  # e.g. the target met at the start: no time to compare
         return {"verdict": "not computed", "reason": str(e)}
+
+
+def _tests(rows: list[dict], baseline: str, candidate: str, prereg) -> dict:
+    """Every registered test of time-to-target for one pair, by name: the log-rank and the
+    paired t-test on the log ratio, in wall-clock ("faster") and in valid trajectories (the
+    trajectory budget, the unit "cheaper" in environment work is counted in)."""
+    tests = {}
+    for axis in UNITS:
+        budget = getattr(prereg.budget, UNITS[axis])
+        a, b = _times(rows, baseline, axis, prereg), _times(rows, candidate, axis, prereg)
+        replicated = min(len(a), len(b)) >= MIN_FOR_TEST
+        try:
+            tests[f"paired_time_ratio:{axis}"] = paired_t(a, b, budget)
+            tests[f"logrank:{axis}"] = (
+                logrank(a, b)
+                if replicated
+                else {"test": "log-rank", "p_value": None, "reason": NO_REPLICATION}
+            )
+        except ValueError as e:
+            tests[f"paired_time_ratio:{axis}"] = {"p_value": None, "reason": str(e)}
+            tests[f"logrank:{axis}"] = {"p_value": None, "reason": str(e)}
+    return tests
+
+
+def _direction(test: dict, key: str, candidate: str) -> str:
+    below = (test.get(key) or 0) < 0
+    return f"{candidate} faster" if below else f"{candidate} slower"
+
+
+def _primary(
+    tests: dict, across: dict, baseline: str, candidate: str, primary: PrimaryEndpoint
+) -> dict:
+    """The pre-registered primary endpoint for one pair, with its verdict at its alpha."""
+    name = f"{primary.endpoint}:wall_clock_s"
+    test = tests[name]
+    record = {
+        "candidate": candidate,
+        "baseline": baseline,
+        "endpoint": name,
+        "alpha": primary.alpha,
+        **test,
+    }
+    if test.get("p_value") is None:
+        reason = test.get("reason") or "no p-value"
+        record["verdict"] = NO_REPLICATION if NO_REPLICATION in reason else f"not tested: {reason}"
+    elif test["p_value"] > primary.alpha:
+        record["verdict"] = f"no difference shown at alpha {primary.alpha:g}"
+    elif primary.endpoint == "paired_time_ratio":
+        record["verdict"] = _direction(test, "mean_log_ratio", candidate)
+    else:  # log-rank: its direction is the restricted means'
+        rmst = (across.get("rmst") or {}).get("difference_b_minus_a")
+        record["verdict"] = _direction({"d": rmst}, "d", candidate)
+    return record
+
+
+def _secondary(tests_by_pair: dict, primary: PrimaryEndpoint) -> list[dict]:
+    """Every other test, one family over all pairs, Holm-adjusted (statsmodels multipletests)
+    at the primary's alpha; a test without a p-value is listed, outside the family."""
+    family = []
+    for (baseline, candidate), tests in tests_by_pair.items():
+        for name, test in tests.items():
+            if name == f"{primary.endpoint}:wall_clock_s":
+                continue
+            family.append(
+                {
+                    "candidate": candidate,
+                    "baseline": baseline,
+                    "endpoint": name,
+                    "p_value": test.get("p_value"),
+                    "reason": test.get("reason"),
+                }
+            )
+    tested = [f for f in family if f["p_value"] is not None]
+    if tested:
+        reject, adjusted, _, _ = multipletests(
+            [f["p_value"] for f in tested], alpha=primary.alpha, method="holm"
+        )
+        for f, r, q in zip(tested, reject, adjusted, strict=True):
+            f.update(p_holm=float(q), significant=bool(r))
+    return family
 
 
 def _equivalence(by_arm, rows, baseline: str, candidate: str, prereg: Preregistration) -> dict:
@@ -190,6 +305,9 @@ def _equivalence(by_arm, rows, baseline: str, candidate: str, prereg: Preregistr
         ).to_dict()
     except ValueError as e:
         result = {"verdict": "not computed", "reason": str(e)}
+    if min(len(by_arm[baseline]), len(by_arm[candidate])) < MIN_FOR_TEST:
+        # resampling seeds is a no-op with one each: the band would be evaluation noise only
+        result["claim"] = NO_REPLICATION
     valid = {(r["arm"], r["seed"]): r["valid_trajectories"] if r["reached"] else None for r in rows}
     ratios = []
     for seed in sorted(
@@ -203,6 +321,22 @@ def _equivalence(by_arm, rows, baseline: str, candidate: str, prereg: Preregistr
             ratio = {"verdict": "not computed", "reason": str(e)}
         ratios.append({"seed": seed, **ratio})
     return {"curves": result, "convergence_ratio": ratios}
+
+
+def _historical(prereg) -> str:
+    """What the old coincidence check is now: a labelled comparison, never the curve verdict
+    (a mean difference over checkpoints, against a margin the equivalence test's rule, a
+    fraction below 1 of the gain the target asks for, may refuse)."""
+    text = "historical comparison, not a verdict, and not in the outcome receipt"
+    equivalence = getattr(prereg, "equivalence", None)
+    if equivalence is not None:
+        gain = prereg.threshold - equivalence.reference_start
+        if prereg.coincidence.margin >= gain:
+            text += (
+                f": its margin {prereg.coincidence.margin:g} is not below the gain the target "
+                f"asks for ({gain:g}), which the margin rule refuses"
+            )
+    return text
 
 
 def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
@@ -226,9 +360,25 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
             ).to_dict()
         except ValueError as e:
             result = {"verdict": "not computed", "reason": str(e)}
+        result["historical"] = _historical(prereg)
         checks.append({"candidate": candidate, "baseline": baseline, **result})
     pairs = [(baseline, candidate) for candidate in arms[1:]]
+    primary = getattr(prereg, "primary", None) or PrimaryEndpoint("paired_time_ratio", 0.05)
+    across = {(b, c): _across_seeds(rows, b, c, prereg) for b, c in pairs}
+    tests = {(b, c): _tests(rows, b, c, prereg) for b, c in pairs}
+    confirmation = getattr(prereg, "confirmation", None)
     return {
+        "primary": [_primary(tests[b, c], across[b, c], b, c, primary) for b, c in pairs],
+        "secondary": _secondary(tests, primary),
+        "confirmation_null": (
+            null_statement(
+                prereg.threshold,
+                confirmation.delta,
+                getattr(confirmation, "null_at", "threshold_minus_delta"),
+            )
+            if confirmation
+            else None
+        ),
         "divergence": [
             {"candidate": c, "baseline": b, **_divergence(by_arm, b, c)} for b, c in pairs
         ],
@@ -246,14 +396,7 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
         else None,
         "runs": rows,
         "arms": {a: _arm_summary([r for r in rows if r["arm"] == a]) for a in arms},
-        "across_seeds": [
-            {
-                "candidate": c,
-                "baseline": b,
-                **_across_seeds(rows, b, c, prereg.budget.max_wall_clock_s),
-            }
-            for b, c in pairs
-        ],
+        "across_seeds": [{"candidate": c, "baseline": b, **across[b, c]} for b, c in pairs],
         "inputs": {p: d for run in runs for p, d in run.inputs.items()},
     }
 
@@ -292,6 +435,12 @@ def _divergence_line(check: dict) -> str:
     return f"- **{check['candidate']} vs {check['baseline']}**: " + ("; ".join(parts) or "–")
 
 
+def _replicated(outcome: dict, check: dict) -> bool:
+    """Both arms of the pair ran at least two seeds (a unit of replication)."""
+    arms = outcome["arms"]
+    return min(arms[check["candidate"]]["seeds"], arms[check["baseline"]]["seeds"]) >= MIN_FOR_TEST
+
+
 def _rule_text(rule: dict) -> str:
     return ", ".join(f"{k} {v}" if k != "rule" else str(v) for k, v in rule.items())
 
@@ -299,6 +448,11 @@ def _rule_text(rule: dict) -> str:
 def _equivalence_line(check: dict) -> str:
     pair = f"{check['candidate']} vs {check['baseline']}"
     curves = check["curves"]
+    if curves.get("claim") == NO_REPLICATION:
+        return (
+            f"- **{pair}: {NO_REPLICATION}.** The band would be evaluation noise only; exact "
+            "divergence (above) is the only evidence about the curves."
+        )
     if "half_width" not in curves:
         return f"- **{pair}: not computed** ({curves.get('reason', '')})"
     ratios = "; ".join(
@@ -327,6 +481,14 @@ def _across_seeds_lines(check: dict) -> list[str]:
     medians = ", ".join(
         f"{arm} {_fmt(k['median'], ' s')} ({k['censored']} censored)" for arm, k in km.items()
     )
+    if not check.get("replicated", True):
+        times = ", ".join(
+            f"{arm} {_fmt(row['time'], ' s')}"
+            + ("" if row["not_reached"] == 0 else " (censored at the budget)")
+            for arm, k in km.items()
+            for row in k["table"][-1:]
+        )
+        return [f"- {pair}: {NO_REPLICATION}; no test is run. Time to target: {times}."]
     rmst = check["rmst"]
     ratio = check["paired_log_ratio"]
     interval = (
@@ -357,6 +519,43 @@ def _confirmation_text(c: dict | None) -> str:
     )
 
 
+def _primary_line(p: dict) -> str:
+    pair = f"{p['candidate']} vs {p['baseline']}"
+    what = (
+        f"paired time ratio {p['candidate']}/{p['baseline']} (wall-clock, two-sided paired "
+        f"t-test on the log ratio, alpha {p['alpha']:g})"
+        if p["endpoint"].startswith("paired_time_ratio")
+        else f"log-rank test of wall-clock time to target (alpha {p['alpha']:g})"
+    )
+    line = f"- **{pair}: {p['verdict']}.** {what}"
+    if p.get("p_value") is not None:
+        line += f": p = {p['p_value']:.3g}"
+        if p.get("ratio") is not None:
+            line += f", ratio {p['ratio']:.3g}"
+        if p.get("interval_ratio"):
+            low, high = p["interval_ratio"]
+            line += f", 95 % t interval [{low:.3g}, {high:.3g}]"
+    return line + "."
+
+
+def _secondary_lines(secondary: list[dict]) -> list[str]:
+    tested = [f for f in secondary if f["p_value"] is not None]
+    lines = [
+        f"## Secondary endpoints (Holm's rule over {len(tested)} p-value(s))",
+        "",
+    ]
+    for f in secondary:
+        pair = f"{f['candidate']} vs {f['baseline']}"
+        if f["p_value"] is None:
+            lines.append(f"- {pair}, {f['endpoint']}: not tested ({f['reason']})")
+        else:
+            lines.append(
+                f"- {pair}, {f['endpoint']}: p {f['p_value']:.3g}, Holm-adjusted "
+                f"{f['p_holm']:.3g}" + (" (significant)" if f["significant"] else "")
+            )
+    return lines or ["- –"]
+
+
 def render_markdown(outcome: dict) -> str:
     t = outcome["target"]
     lines = [
@@ -367,6 +566,18 @@ def render_markdown(outcome: dict) -> str:
         f"**Target.** {t['metric']} ≥ {t['threshold']} (pre-registered), crossed by the rule "
         f"`{_rule_text(outcome['crossing_rule'])}`.",
         "",
+    ]
+    if outcome.get("confirmation_null"):
+        lines += [
+            f"**Confirmation.** Each accepted crossing is evaluated again on fresh episodes, "
+            f"exact binomial test of {outcome['confirmation_null']}. A crossing that is not "
+            "confirmed is never reached: censored at the budget everywhere below.",
+            "",
+        ]
+    lines += ["## Primary endpoint (pre-registered)", ""]
+    lines += [_primary_line(p) for p in outcome.get("primary", [])] or ["- one arm: –"]
+    lines += [
+        "",
         "## Did the arms see the same training data? (exact divergence)",
         "",
     ]
@@ -376,7 +587,7 @@ def render_markdown(outcome: dict) -> str:
         lines += ["## Learning curves: equivalent within the margin?", ""]
         lines += [_equivalence_line(check) for check in outcome["equivalence"]]
         lines.append("")
-    lines += ["## Learning curves: do the arms coincide?", ""]
+    lines += ["## Historical comparison: the old coincidence check (not a verdict)", ""]
     for check in outcome["coincidence"]:
         verdict = _VERDICT_TEXT.get(check["verdict"], check["verdict"])
         detail = (
@@ -387,7 +598,11 @@ def render_markdown(outcome: dict) -> str:
             if "difference" in check
             else f" ({check.get('reason', '')})"
         )
-        lines.append(f"- **{check['candidate']} vs {check['baseline']}: {verdict}.**{detail}")
+        pair = f"{check['candidate']} vs {check['baseline']}"
+        if not _replicated(outcome, check):
+            lines.append(f"- {pair}: {NO_REPLICATION}.")
+            continue
+        lines.append(f"- {pair}: {verdict} ({check['historical']}).{detail}")
     if not outcome["coincidence"]:
         lines.append("- one arm: –")
     lines += [
@@ -406,6 +621,9 @@ def render_markdown(outcome: dict) -> str:
             rate, counters = r["heldout_success_rate"], r
         else:
             outcome_text = "never reached target"
+            if r.get("unconfirmed_crossing"):
+                u = r["unconfirmed_crossing"]
+                outcome_text += f" (crossed at {u['checkpoint']}: {u['reason']})"
             rate, counters = r["final_heldout_success_rate"], r["budget_spent"]
         lines.append(
             f"| {r['arm']} | {r['seed']} | {outcome_text} | {_fmt(rate, digits=3)} "
@@ -424,6 +642,7 @@ def render_markdown(outcome: dict) -> str:
         )
     for check in outcome["across_seeds"]:
         lines += _across_seeds_lines(check)
+    lines += ["", *_secondary_lines(outcome.get("secondary", []))]
     lines += [
         "",
         "## What the machine was doing (measured) and the held-out classes at the target",
@@ -539,7 +758,16 @@ def main(argv: list[str] | None = None) -> int:
                 for c in outcome["divergence"]
                 for s in c["seeds"]
             },
-            "coincidence": [c["verdict"] for c in outcome["coincidence"]],
+            # the pre-registered primary endpoint, and the curve verdict of the equivalence test
+            # (the old coincidence check is a historical comparison and stays out)
+            "primary": {
+                f"{p['candidate']}/{p['baseline']}": p["verdict"] for p in outcome["primary"]
+            },
+            "curves": {
+                f"{c['candidate']}/{c['baseline']}": c["curves"].get("claim")
+                or c["curves"]["verdict"]
+                for c in outcome["equivalence"] or []
+            },
             "reached": {f"{r['arm']}/seed{r['seed']}": r["reached"] for r in outcome["runs"]},
         },
         depends_on=receipts.paths,

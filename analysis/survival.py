@@ -7,6 +7,15 @@ observations (Kaplan–Meier, log-rank, RMST) or entered at the budget where a s
 seed is needed (the paired ratio, probability of improvement), with the direction of the resulting
 bound said in the output.
 
+One censoring rule for every statistic: `across_seeds` censors a never-reached seed at the budget
+in the unit of the analysis (the horizon), whatever it spent. The event is "reached within the
+registered budget"; a run that stopped at its trajectory cap after 700 of 1,200 s has not reached
+it by 1,200 s either. Censoring it at 700 s for Kaplan–Meier and log-rank but at 1,200 s for RMST
+and the paired ratio gave one analysis two answers (log-rank p 1.0 against 0.025 on one example).
+
+No p-value without replication: with one seed per arm a test compares two draws, so the log-rank
+and paired t-test are not run and the claim says so (NO_REPLICATION).
+
 Library notes (lifelines 0.30.0 predates pandas 3; arch 7.2.0 under pandas 3):
 - ``rliable.library`` cannot be imported: it imports ``arch``, whose ``deprecate_kwarg`` use
   breaks under pandas 3 (TypeError at import). The point estimate uses ``rliable.metrics``
@@ -38,11 +47,13 @@ from lifelines.statistics import logrank_test
 from lifelines.utils import restricted_mean_survival_time
 from pandas.errors import Pandas4Warning
 from rliable.metrics import probability_of_improvement as _rliable_poi
-from scipy.stats import bootstrap, mannwhitneyu
+from scipy.stats import bootstrap, mannwhitneyu, ttest_1samp
 from statsmodels.stats.power import TTestPower
 from statsmodels.tools.sm_exceptions import ConvergenceWarning
 
 MIN_FOR_INTERVAL = 3  # fewer seeds (pairs) than this: a bootstrap over seeds gives no interval
+MIN_FOR_TEST = 2  # fewer seeds per arm than this: no replication, so no p-value
+NO_REPLICATION = "one seed per arm: no replication, no arm-level claim"
 
 
 @dataclass(frozen=True)
@@ -327,6 +338,53 @@ def paired_log_ratio(
     return result
 
 
+def paired_t(
+    arm_a: Sequence[SeedTime], arm_b: Sequence[SeedTime], budget: float, confidence: float = 0.95
+) -> dict:
+    """Two-sided one-sample t-test (scipy) of mean log(time_b / time_a) = 0 over shared seeds,
+    each never-reached seed entered at the budget (as paired_log_ratio), with its t interval on
+    the ratio. The analysis `seeds_needed` sizes. Keys: test, pairs, p_value, statistic,
+    mean_log_ratio, ratio, interval_ratio, reason (why no p-value)."""
+    by_b = {r.seed: r for r in arm_b}
+    logs = [
+        math.log(_entered(by_b[r.seed], budget)[0]) - math.log(_entered(r, budget)[0])
+        for r in arm_a
+        if r.seed in by_b
+    ]
+    result: dict = {
+        "test": "paired t-test on log time ratio",
+        "pairs": len(logs),
+        "p_value": None,
+        "statistic": None,
+        "mean_log_ratio": float(np.mean(logs)) if logs else None,
+        "ratio": math.exp(float(np.mean(logs))) if logs else None,
+        "interval_ratio": None,
+        "reason": None,
+    }
+    if len(logs) < MIN_FOR_TEST:
+        result["reason"] = f"{len(logs)} paired seed(s): {NO_REPLICATION}"
+        return result
+    if np.ptp(logs) == 0:
+        result["reason"] = "every pair has the same log ratio: no spread to test against"
+        return result
+    test = ttest_1samp(logs, 0.0)
+    ci = test.confidence_interval(confidence)
+    result.update(
+        p_value=float(test.pvalue),
+        statistic=float(test.statistic),
+        interval_ratio=[math.exp(float(ci.low)), math.exp(float(ci.high))],
+    )
+    return result
+
+
+def at_budget(run: SeedTime, budget: float) -> SeedTime:
+    """The one censoring rule: a seed that never reached the target (or reached it only past the
+    budget) is censored at the budget in this unit, whatever it spent."""
+    if run.reached and run.time <= budget:
+        return run
+    return SeedTime(run.seed, False, float(budget))
+
+
 def _poi_vectorized(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     """rliable's one-task statistic, U / (n_x n_y) from Mann–Whitney, over a batch of resamples:
     calling rliable once per resample costs ~1 ms each (seconds per interval)."""
@@ -446,11 +504,11 @@ def _claim(result: dict, names: tuple[str, str]) -> str:
     counts = "; ".join(
         f"{n}: reached in {km[n]['reached']} of {km[n]['seeds']} seed(s)" for n in names
     )
-    if min(km[a]["seeds"], km[b]["seeds"]) == 1:
+    if min(km[a]["seeds"], km[b]["seeds"]) < MIN_FOR_TEST:
         return (
-            f"{counts}. At least one arm has a single seed: a single draw, which claims nothing "
-            "about variance across seeds, nor that the faster arm would stay faster on another "
-            "seed."
+            f"{counts}. {NO_REPLICATION}: at least one arm has a single seed, a single draw, "
+            "which claims nothing about variance across seeds, nor that the faster arm would "
+            "stay faster on another seed; no p-value is computed."
         )
     r, lr, pr = result["rmst"], result["logrank"], result["paired_log_ratio"]
     text = (
@@ -480,14 +538,18 @@ def across_seeds(
 ) -> dict:
     """Every across-seed summary of time-to-target, JSON-serialisable, b compared with a.
 
-    Keys: names, budget, kaplan_meier {name: ...}, interval_censored ({name: ...}, or None when
-    no seed has a lower bound), logrank, rmst, paired_log_ratio, probability_of_improvement,
-    claim.
+    Keys: names, budget, replicated, kaplan_meier {name: ...}, interval_censored ({name: ...},
+    or None when no seed has a lower bound), logrank, paired_t, rmst, paired_log_ratio,
+    probability_of_improvement, claim. Every never-reached seed is censored at `budget`
+    (at_budget), for every statistic alike.
     """
     if not budget > 0:
         raise ValueError(f"budget must be > 0, got {budget}")
     if names[0] == names[1]:
         raise ValueError(f"the arms need distinct names, got {names}")
+    arm_a = [at_budget(r, budget) for r in arm_a]
+    arm_b = [at_budget(r, budget) for r in arm_b]
+    replicated = min(len(arm_a), len(arm_b)) >= MIN_FOR_TEST
     a, b = names
     has_lower = any(r.lower is not None for r in [*arm_a, *arm_b])
     result = {
@@ -499,7 +561,13 @@ def across_seeds(
             if has_lower
             else None
         ),
-        "logrank": logrank(arm_a, arm_b),
+        "replicated": replicated,
+        "logrank": (
+            logrank(arm_a, arm_b)
+            if replicated
+            else {"test": "log-rank", "statistic": None, "p_value": None, "reason": NO_REPLICATION}
+        ),
+        "paired_t": paired_t(arm_a, arm_b, budget),
         "rmst": rmst(arm_a, arm_b, budget, names),
         "paired_log_ratio": paired_log_ratio(arm_a, arm_b, budget),
         "probability_of_improvement": probability_of_improvement(arm_a, arm_b, budget, names),

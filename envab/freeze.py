@@ -1,6 +1,7 @@
 """The freeze stage's CLI: one subcommand per frozen item, each writing the receipt it is given.
 
-    python -m envab.freeze target preregistration/target.yaml --receipt R/preregistration.json
+    python -m envab.freeze target preregistration/target.yaml --receipt R/preregistration.json \
+        [--setups-per-valid '{"drums": 0.125}']
     python -m envab.freeze split --target T --receipts R/preregistration.json --tasks tasks.jsonl \
         --seed 0 --heldout-fraction 0.25 [--unit class] [--stratify domain] --train train.jsonl \
         --heldout heldout.jsonl --receipt R/split.json
@@ -35,7 +36,25 @@ from envab.split import (
 )
 
 
+def setups_per_valid(arms: dict, num_generations: int) -> dict[str, float]:
+    """Per configured arm, the fewest environment set-ups one valid trajectory costs: one per
+    attempt on an arm that restores per rollout (a QEMU VM, the embedded host in restore mode),
+    one per fork group of num_generations elsewhere. Fewest, so that a handicap refused with it
+    (Preregistration.check_budget_fit) cannot fit however the run goes."""
+    return {
+        arm: 1.0
+        if spec.get("backend") == "qemu" or spec.get("mode") == "restore"
+        else 1.0 / num_generations
+        for arm, spec in arms.items()
+    }
+
+
 def cmd_target(args) -> None:
+    if args.setups_per_valid:
+        # a control sized past the budget is refused before anything is frozen
+        preregistration.Preregistration.load(args.target).check_budget_fit(
+            json.loads(args.setups_per_valid)
+        )
     print(preregistration.freeze(args.target, args.receipt))
 
 
@@ -130,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("target", help="freeze target.yaml (once)")
     p.add_argument("target")
     p.add_argument("--receipt", help="default: receipts/<experiment_id>/preregistration.json")
+    p.add_argument(
+        "--setups-per-valid",
+        help="JSON, arm -> the fewest environment set-ups per valid trajectory (setups_per_valid):"
+        " a handicap control that cannot fit the budget is refused",
+    )
     p.set_defaults(run=cmd_target)
 
     p = frozen_parser("split", "split the task set, write split.json")

@@ -156,6 +156,16 @@ class ConfirmationProtocol:
     alpha: float
     power: float
     first_seed: int
+    null_at: str = "threshold_minus_delta"  # or "threshold" (analysis/crossing.py)
+
+
+@dataclass(frozen=True)
+class PrimaryEndpoint:
+    """The one comparison the outcome leads with (analysis/outcome.py); every other p-value is
+    secondary, Holm-adjusted over its family."""
+
+    endpoint: str  # paired_time_ratio | logrank
+    alpha: float
 
 
 #: What each control's `expect` needs of its settings (envs/controls.py).
@@ -182,6 +192,7 @@ class Control:
     flip_rewards: float = 0.0  # none: this control flips no reward
     seed: int = CONTROL_DEFAULTS["seed"]
     tolerance: float = CONTROL_DEFAULTS["tolerance"]
+    base_wall_clock_s: float | None = None  # a pilot's measure (slower only): check_budget_fit
 
     @property
     def run_arm(self) -> str:
@@ -213,6 +224,7 @@ class Preregistration:
     equivalence: Equivalence | None  # None: registered before the equivalence test existed
     controls: tuple[Control, ...] = ()
     confirmation: ConfirmationProtocol | None = None
+    primary: PrimaryEndpoint = PrimaryEndpoint("paired_time_ratio", 0.05)
 
     @property
     def threshold(self) -> float:
@@ -255,6 +267,7 @@ class Preregistration:
             confirmation=(
                 ConfirmationProtocol(**data["confirmation"]) if "confirmation" in data else None
             ),
+            primary=PrimaryEndpoint(**data["primary_endpoint"]),
         )
         prereg._cross_check(path)
         prereg._check_controls(path)
@@ -316,6 +329,43 @@ class Preregistration:
                 )
         if self.controls and not self.equivalence:
             raise ConfigError(f"{path}: controls are judged by the equivalence test: register one")
+
+    def check_budget_fit(self, setups_per_valid: Mapping[str, float]) -> None:
+        """Refuse a handicap control whose registered delay cannot fit the wall-clock budget.
+
+        `setups_per_valid`: per arm, the fewest environment set-ups a valid trajectory costs
+        (1 / num_generations where the arm forks a group from one set-up, 1 where every attempt
+        is set up), so the added time below is a lower bound. The handicapped run must reach the
+        base run's judged checkpoint (its last, when the base never crosses) within
+        max_wall_clock_s, with the added time up to `tolerance` above the prediction:
+        base_wall_clock_s + (1 + tolerance) x reset_delay_s x set-ups <= max_wall_clock_s. The
+        base arm's time is known at freeze only from a pilot (`base_wall_clock_s`); without it
+        only the added time is checked (it alone must fit)."""
+        for control in self.controls:
+            if control.expect != "slower":
+                continue
+            per_valid = setups_per_valid.get(control.arm)
+            if per_valid is None:
+                raise ConfigError(f"controls: {control.name}: no set-up count for {control.arm}")
+            valid = self.budget.max_valid_trajectories
+            setups = valid * per_valid
+            added = control.reset_delay_s * setups
+            worst = (1 + control.tolerance) * added
+            base = control.base_wall_clock_s or 0.0
+            if base + worst > self.budget.max_wall_clock_s:
+                total = (
+                    f"{base:g} s (the base arm's pilot) + {worst:g} s = {base + worst:g} s"
+                    if control.base_wall_clock_s
+                    else f"{worst:g} s"
+                )
+                raise ConfigError(
+                    f"controls: {control.name}: {control.reset_delay_s:g} s x {setups:g} set-ups "
+                    f"({valid} valid trajectories x {per_valid:g}) = {added:g} s added, "
+                    f"{worst:g} s at its tolerance {control.tolerance:g}; {total} exceeds the "
+                    f"wall-clock budget of {self.budget.max_wall_clock_s:g} s: the handicapped "
+                    "run could run out of budget before the checkpoint it is judged at. Register "
+                    "a smaller reset_delay_s or a larger budget."
+                )
 
     def as_dict(self) -> dict:
         """A plain copy (for the report's workflow description)."""

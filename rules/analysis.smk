@@ -1,4 +1,4 @@
-# The answer: time-to-target per run, learning curves, the coincidence check, the outcome receipt.
+# The answer: the primary endpoint, time-to-target per run, learning curves, the outcome receipt.
 # Every file a job reads or writes is declared here and handed to it by name.
 
 

@@ -203,22 +203,28 @@ def control_pairs():
     return [(run, False) for run in base] + [(run, True) for run in CONTROL_RUNS]
 
 
+def control_files(arm, seed, is_control):
+    """One run's files as the controls read them: a control's run with its trajectories (the
+    handicap counts set-ups in it); a base run with its confirmation, where one is registered,
+    since an unconfirmed crossing is not the checkpoint a control is judged at."""
+    if is_control:
+        return run_records(arm, seed) + [f"{run_dir(arm, seed)}/trajectories.jsonl"]
+    return outcome_run_records(arm, seed)
+
+
 def control_run_records(wildcards):
     return [
         path
         for (arm, seed), is_control in control_pairs()
-        for path in run_records(arm, seed)
-        + ([f"{run_dir(arm, seed)}/trajectories.jsonl"] if is_control else [])
+        for path in control_files(arm, seed, is_control)
     ]
 
 
 def control_run_arguments(wildcards):
-    groups = []
-    for (arm, seed), is_control in control_pairs():
-        files = run_records(arm, seed)
-        files += [f"{run_dir(arm, seed)}/trajectories.jsonl"] if is_control else []
-        groups.append("--run " + " ".join(files))
-    return " ".join(groups)
+    return " ".join(
+        "--run " + " ".join(control_files(arm, seed, is_control))
+        for (arm, seed), is_control in control_pairs()
+    )
 
 
 def answer_outputs():

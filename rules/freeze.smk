@@ -2,12 +2,19 @@
 # Receipts are write-protected: Snakemake refuses to rerun a job that would overwrite one, so a
 # frozen item is never silently re-frozen.
 
+from envab.freeze import setups_per_valid
+
 
 rule freeze_target:
     input:
         ancient(TARGET),
     output:
         protected(f"{RECEIPTS}/preregistration.json"),
+    params:
+        # a handicap control that cannot fit the budget is refused at freeze, with the arithmetic
+        setups=as_arg(
+            setups_per_valid(config["arms"], config["training"]["grpo"]["num_generations"])
+        ),
     conda:
         SOFTWARE
     benchmark:
@@ -15,7 +22,8 @@ rule freeze_target:
     log:
         f"{LOGS}/freeze_target.log",
     shell:
-        "python -m envab.freeze target {input} --receipt {output} > {log} 2>&1"
+        "python -m envab.freeze target {input} --receipt {output}"
+        " --setups-per-valid {params.setups} > {log} 2>&1"
 
 
 if "factory" in config["tasks"]:

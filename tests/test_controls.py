@@ -5,6 +5,7 @@ control whose checks did not find what was put there."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -217,3 +218,49 @@ def test_a_registered_control_prices_at_its_base_arm(tmp_path):
         registered(tmp_path, [{"name": "aa", "arm": "qemu", "expect": "same"}])
     )
     assert prereg.prices.host("qemu-aa") == prereg.prices.host("qemu")
+
+
+def test_a_handicap_is_judged_where_the_base_run_reached_the_target_confirmed(tmp_path):
+    """An unconfirmed crossing is not reached for the controls either: the handicap is then
+    judged at the base run's last checkpoint, as for a base run that never crossed."""
+    slower = Control("handicap", "drums", "slower", reset_delay_s=2.0)
+    prereg = SimpleNamespace(**vars(PREREG), confirmation=SimpleNamespace(delta=0.1))
+    base = run(tmp_path / "a", "drums", RATES, 1.0)
+    handicapped = run(tmp_path / "b", "drums-handicap", RATES, 82 / 64)
+    for verdict, judged_at in (("confirmed", "ckpt-002"), ("not confirmed", "ckpt-003")):
+        base.confirmation = {"verdict": verdict, "checkpoint": "ckpt-002"}
+        timing = judge(slower, [base], [handicapped], prereg)["seeds"][0]["timing"]
+        assert timing["checkpoint"] == judged_at
+        assert timing["base_reached_target"] is (verdict == "confirmed")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # 2048 valid / 8 per fork group = 256 set-ups x 5 s = 1280 s: past 1200 s alone
+        ({"reset_delay_s": 5.0}, r"5 s x 256 set-ups .* = 1280 s added, 1600 s at its tolerance"),
+        # v8's 2 s fits alone (640 s at its tolerance), not beside a plain arm at 694.3 s
+        (
+            {"reset_delay_s": 2.0, "base_wall_clock_s": 694.3},
+            r"694.3 s \(the base arm's pilot\) \+ 640 s = 1334.3 s exceeds .* 1200 s",
+        ),
+    ],
+)
+def test_a_handicap_that_cannot_fit_the_budget_is_refused_at_freeze(tmp_path, change, message):
+    from envab.freeze import main as freeze_main
+    from envab.freeze import setups_per_valid
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    setups = setups_per_valid(config["arms"], config["training"]["grpo"]["num_generations"])
+    assert setups["drums"] == 1 / 8 and setups["qemu"] == 1.0
+    fits = Preregistration.load(REPO / "preregistration" / "target.yaml")
+    fits.check_budget_fit(setups)  # the shipped handicap: 2 s x 256 = 512 s, 640 s < 1200 s
+    path = registered(
+        tmp_path, [{"name": "handicap", "arm": "drums", "expect": "slower", **change}]
+    )
+    with pytest.raises(ConfigError, match=message):
+        Preregistration.load(path).check_budget_fit(setups)
+    receipt = tmp_path / "receipts" / "preregistration.json"
+    argv = ["target", str(path), "--receipt", str(receipt)]
+    assert freeze_main([*argv, "--setups-per-valid", json.dumps(setups)]) == 2
+    assert not receipt.exists()  # nothing frozen

@@ -7,18 +7,24 @@ import math
 
 import numpy as np
 import pytest
-from scipy.stats import binom
+from scipy.stats import binom, binomtest
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_confint, proportion_effectsize
 
 from envab.analysis.crossing import (
+    NULLS,
     CrossingRule,
     accepted_crossing,
+    approximate_episodes,
     confirm,
     confirmation_power,
+    confirmation_rates,
     confirmatory_episodes,
     crossing_power,
+    crossing_probability,
     false_crossing_probability,
+    null_statement,
+    reached_probability,
     wilson_lower_bound,
 )
 
@@ -177,18 +183,70 @@ def test_rule_from_the_preregistration_section():
             CrossingRule.from_dict(bad)
 
 
-def test_confirmatory_episodes_match_statsmodels():
-    n = confirmatory_episodes(0.75, delta=0.05, alpha=0.05, power=0.8)
+def test_the_approximation_matches_statsmodels_and_falls_short_of_its_power():
+    n = approximate_episodes(0.75, delta=0.05, alpha=0.05, power=0.8)
     effect = proportion_effectsize(0.75, 0.70)
     solved = NormalIndPower().solve_power(effect, None, 0.05, 0.8, ratio=0, alternative="larger")
     assert n == math.ceil(solved) == 493
     # Textbook one-sample formula on the arcsine scale: n = ((z_a + z_b) / h)^2.
     assert n == math.ceil(((1.6448536269514722 + 0.8416212335729143) / effect) ** 2)
-    assert confirmatory_episodes(0.75, delta=0.03) > n > confirmatory_episodes(0.75, delta=0.1)
-    # The exact test confirm() runs has close to the planned power at that n (0.776: discrete),
-    # and at most alpha false confirmations at the null.
-    assert 0.75 < confirmation_power(0.75, n, 0.75) < 0.85
-    assert confirmation_power(0.70, n, 0.75) <= 0.05
+    # v8's numbers: 542 asked for, 17 seeds x 32 tasks = 544 played, exact power 0.782 < 0.8
+    assert approximate_episodes(0.70, 0.05) == 542
+    assert confirmation_power(0.70, 544, 0.70) == pytest.approx(0.782, abs=5e-4)
+
+
+def test_confirmatory_episodes_give_the_exact_power_at_the_n_played():
+    for threshold, step, null in ((0.75, 1, NULLS[0]), (0.70, 32, NULLS[0]), (0.70, 32, NULLS[1])):
+        n = confirmatory_episodes(threshold, 0.05, 0.05, 0.8, step, null)
+        low, high = confirmation_rates(threshold, 0.05, null)
+        assert n % step == 0
+        # the exact power at n, from scipy's binomial test directly (no project code)
+        k = next(k for k in range(n + 1) if binomtest(k, n, low, "greater").pvalue <= 0.05)
+        assert float(binom.sf(k - 1, n, high)) >= 0.8
+        assert confirmation_power(high, n, threshold, 0.05, 0.05, null) >= 0.8
+        assert confirmation_power(low, n, threshold, 0.05, 0.05, null) <= 0.05
+        # and one seed fewer falls short
+        assert confirmation_power(high, n - step, threshold, 0.05, 0.05, null) < 0.8
+    assert confirmatory_episodes(0.70, 0.05, step=32) == 576  # 18 seeds of 32: power 0.811
+    assert confirmatory_episodes(0.75, delta=0.03) > confirmatory_episodes(0.75, delta=0.1)
+
+
+def test_the_null_is_stated_and_a_checkpoint_just_under_the_bar_is_rarely_confirmed_at_it():
+    n = confirmatory_episodes(0.70, 0.05, step=32)
+    # v8's null (0.65): a checkpoint truly at 0.68 is confirmed 44 % of the time at 576
+    assert confirmation_power(0.68, n, 0.70) == pytest.approx(0.437, abs=1e-3)
+    assert "not a rate between 0.65 and 0.7" in null_statement(0.70, 0.05)
+    m = confirmatory_episodes(0.70, 0.05, step=32, null="threshold")
+    assert confirmation_power(0.68, m, 0.70, null="threshold") < 0.01
+    assert confirmation_power(0.70, m, 0.70, null="threshold") <= 0.05
+    assert "the threshold itself" in null_statement(0.70, 0.05, "threshold")
+    with pytest.raises(ValueError):
+        confirmation_rates(0.98, 0.05, "threshold")  # no room above the bar
+
+
+def test_false_reached_rate_of_the_registered_analysis():
+    """v8's analysis (lower_bound 0.95, 128 episodes, 4 looks after the warm start, confirmation
+    at 576 episodes against 0.65): a flat policy just under the bar is 'reached' far less often
+    than the crossing alone accepts it, and the product is what simulation gives."""
+    rule = {"rule": "lower_bound", "confidence": 0.95}
+    n = confirmatory_episodes(0.70, 0.05, step=32)
+    # confirm() judged once per possible count, then looked up
+    verdicts = np.array([confirm(k, n, 0.70).verdict == "confirmed" for k in range(n + 1)])
+    for rate in (0.65, 0.69, 0.70):
+        crossed = crossing_probability(rate, 0.70, 128, 4, rule, SIMULATIONS)
+        reached = reached_probability(rate, 0.70, 128, 4, rule, n, 0.05, 0.05)
+        assert reached == pytest.approx(crossed * confirmation_power(rate, n, 0.70))
+        # simulated end to end: crossing draws, then fresh confirmation draws
+        rng = np.random.default_rng(1)
+        table = [wilson_lower_bound(k, 128) >= 0.70 for k in range(129)]
+        crossed_sim = np.array(table)[rng.binomial(128, rate, (SIMULATIONS, 4))].any(axis=1)
+        confirmed_sim = verdicts[rng.binomial(n, rate, SIMULATIONS)]
+        simulated = float(np.mean(crossed_sim & confirmed_sim))
+        assert abs(simulated - reached) < mc_error(reached), (rate, simulated, reached)
+    assert reached_probability(0.69, 0.70, 128, 4, rule, n) < 0.75 * crossing_probability(
+        0.69, 0.70, 128, 4, rule
+    )
+    assert reached_probability(0.69, 0.70, 128, 4, rule, n, null="threshold") < 0.005
 
 
 def test_confirm():

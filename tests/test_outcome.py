@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -166,10 +167,8 @@ def test_the_first_registered_arm_is_the_baseline(tmp_path):
 
 
 def test_never_reached_and_a_gap_shown_first(tmp_path):
-    runs = [
-        load(tmp_path, "restore", 1, [0.3, 0.6, 0.8], 2.0),
-        load(tmp_path, "drums", 1, [0.0, 0.1, 0.2], 1.0),
-    ]
+    runs = [load(tmp_path, "restore", seed, [0.3, 0.6, 0.8], 2.0) for seed in (1, 2)]
+    runs += [load(tmp_path, "drums", seed, [0.0, 0.1, 0.2], 1.0) for seed in (1, 2)]
     outcome = compute_outcome(runs, PREREG)
     drums = next(r for r in outcome["runs"] if r["arm"] == "drums")
     assert drums["reached"] is False and drums["final_heldout_success_rate"] == 0.2
@@ -177,6 +176,23 @@ def test_never_reached_and_a_gap_shown_first(tmp_path):
     text = render_markdown(outcome)
     assert text.index("the environment changed the data") < text.index("## Time to target")
     assert "never reached target" in text
+
+
+def test_one_seed_per_arm_makes_no_arm_level_claim(tmp_path):
+    """No unit of replication: no p-value anywhere, no curve verdict; exact divergence only."""
+    runs = [
+        load(tmp_path, "restore", 1, [0.3, 0.6, 0.8], 2.0),
+        load(tmp_path, "drums", 1, [0.0, 0.1, 0.2], 1.0),
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    text = render_markdown(outcome)
+    claim = "one seed per arm: no replication, no arm-level claim"
+    assert outcome["primary"][0]["verdict"] == claim
+    assert all(f["p_value"] is None for f in outcome["secondary"])
+    assert outcome["across_seeds"][0]["logrank"]["p_value"] is None
+    assert "the environment changed the data" not in text and "p = " not in text
+    assert "p 0" not in text and "p 1" not in text
+    assert text.index(claim) < text.index("exact divergence")
 
 
 def test_runs_pinned_differently_are_not_compared(tmp_path):
@@ -322,6 +338,12 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
     assert subjects[:4] == [outputs[k] for k in list(outputs)[:4]]
     assert sorted(subjects[4:]) == sorted(named)
     assert [d["name"] for d in statement["predicate"]["depends_on"]] == [FROZEN]
+    # the old coincidence check is not a verdict of the receipt; the primary and curves are
+    predicate = statement["predicate"]
+    assert "coincidence" not in predicate
+    claim = "one seed per arm: no replication, no arm-level claim"
+    assert predicate["primary"] == {"drums/restore": claim}
+    assert predicate["curves"] == {"drums/restore": claim}
 
 
 def test_outcome_cli_refuses_a_missing_file_and_writes_nothing(tmp_path, monkeypatch):
@@ -357,11 +379,10 @@ def test_pre_registered_rule_and_equivalence_reach_the_outcome(tmp_path):
     prereg.target = SimpleNamespace(**vars(PREREG.target))
     prereg.target.crossing = {"rule": "lower_bound", "confidence": 0.95}
     prereg.equivalence = Equivalence(0.2, 0.5, 0.95, 500, 1.5)  # margin 0.5 x (0.5 - 0.2)
-    # 0.55 of 40 clears 0.5 as a sampled rate but not by its lower bound; 0.9 does.
-    runs = [
-        load(tmp_path, "restore", 1, [0.55, 0.9], 2.0),
-        load(tmp_path, "drums", 1, [0.55, 0.9], 1.0),
-    ]
+    # 0.55 of 40 clears 0.5 as a sampled rate but not by its lower bound; 0.9 does. Two seeds
+    # per arm: with one the curve check makes no claim.
+    runs = [load(tmp_path, "restore", seed, [0.55, 0.9], 2.0) for seed in (1, 2)]
+    runs += [load(tmp_path, "drums", seed, [0.55, 0.9], 1.0) for seed in (1, 2)]
     outcome = compute_outcome(runs, prereg)
     rows = {r["arm"]: r for r in outcome["runs"]}
     assert rows["drums"]["checkpoint"] == "ckpt-002"  # first_crossing would say ckpt-001
@@ -369,7 +390,7 @@ def test_pre_registered_rule_and_equivalence_reach_the_outcome(tmp_path):
     check = outcome["equivalence"][0]
     assert check["curves"]["verdict"] == "equivalent"  # the same outcomes on both arms
     assert check["curves"]["margin"] == replace(prereg.equivalence).margin(0.5)
-    assert check["convergence_ratio"] == [
+    assert check["convergence_ratio"][:1] == [
         {
             "seed": 1,
             "verdict": "within band",
@@ -422,8 +443,81 @@ def test_exact_divergence_leads_the_outcome(tmp_path):
     ]
     text = render_markdown(outcome)
     assert "seed 1: never diverged over 3 steps" in text
-    assert text.index("exact divergence") < text.index("## Learning curves")
+    assert text.index("exact divergence") < text.index("## Historical comparison")
     runs[1] = load(tmp_path / "b", "drums", 1, [0.25, 0.5], 1.0, steps=flipped)
     outcome = compute_outcome(runs, PREREG)
     assert "seed 1: diverged at step 2 (rewards)" in render_markdown(outcome)
     assert any(p.endswith("steps.jsonl") for p in outcome["inputs"])  # hashed into the receipt
+
+
+def confirmed_load(root, arm, seed, rates, speed, verdict, checkpoint) -> RunRecords:
+    """A run with its confirm.json: the confirmatory verdict on `checkpoint`."""
+    files = write_run(root, arm, seed, rates, speed)
+    record = files["pins"].parent / "confirm.json"
+    test = {"successes": 300, "episodes": 576, "success_rate": 0.52, "lower_bound": 0.49}
+    record.write_text(
+        json.dumps(
+            {
+                "verdict": verdict,
+                "checkpoint": checkpoint,
+                "test": {**test, "null_rate": 0.45},
+                "null": "H0 p <= 0.45 (threshold - delta)",
+            }
+        )
+    )
+    return RunRecords.load(**files, confirmation=record)
+
+
+def test_a_failed_confirmation_is_never_reached_everywhere(tmp_path):
+    """Seed 2 of drums crosses at ckpt-001 but is not confirmed: its row, the survival analysis,
+    the paired ratio and the receipt's `reached` all say it never reached the target."""
+    from envab.preregistration import ConfirmationProtocol
+
+    prereg = SimpleNamespace(**vars(PREREG))
+    prereg.confirmation = ConfirmationProtocol(0.05, 0.05, 0.8, 1000)
+    runs = [
+        confirmed_load(tmp_path, "restore", s, [0.4, 0.6], 2.0, "confirmed", "ckpt-002")
+        for s in (1, 2)
+    ]
+    runs += [confirmed_load(tmp_path, "drums", 1, [0.6, 0.6], 1.0, "confirmed", "ckpt-001")]
+    runs += [confirmed_load(tmp_path, "drums", 2, [0.6, 0.6], 1.0, "not confirmed", "ckpt-001")]
+    outcome = compute_outcome(runs, prereg)
+    row = next(r for r in outcome["runs"] if (r["arm"], r["seed"]) == ("drums", 2))
+    assert row["reached"] is False and row["verdict"] == "never reached target"
+    assert row["unconfirmed_crossing"]["checkpoint"] == "ckpt-001"
+    across = outcome["across_seeds"][0]
+    assert across["kaplan_meier"]["drums"]["censored"] == 1
+    pairs = {p["seed"]: p for p in across["paired_log_ratio"]["log_ratios"]}
+    # censored at the 1000 s budget, not at the 64 s it spent
+    assert pairs[2]["bound"] == "lower bound"
+    assert pairs[2]["log_ratio"] == pytest.approx(math.log(1000 / 128))
+    assert outcome["equivalence"] is None  # PREREG registers none
+    text = render_markdown(outcome)
+    assert (
+        "| drums | 2 | never reached target (crossed at ckpt-001: crossing not confirmed)" in text
+    )
+    assert "exact binomial test of H0 p <= 0.45 (threshold - delta)" in text
+
+
+def test_the_primary_leads_and_the_secondary_family_is_holm_adjusted(tmp_path):
+    from statsmodels.stats.multitest import multipletests
+
+    runs = [load(tmp_path, "restore", s, [0.4, 0.45, 0.6], 2.0 + 0.1 * s) for s in (1, 2, 3, 4)]
+    runs += [load(tmp_path, "drums", s, [0.4, 0.6, 0.6], 1.0 + 0.2 * s) for s in (1, 2, 3, 4)]
+    outcome = compute_outcome(runs, PREREG)
+    primary = outcome["primary"][0]
+    assert primary["endpoint"] == "paired_time_ratio:wall_clock_s"
+    assert primary["p_value"] < 0.05 and primary["verdict"] == "drums faster"
+    names = [f["endpoint"] for f in outcome["secondary"]]
+    assert names == [
+        "logrank:wall_clock_s",
+        "paired_time_ratio:valid_trajectories",
+        "logrank:valid_trajectories",
+    ]
+    tested = [f for f in outcome["secondary"] if f["p_value"] is not None]
+    adjusted = multipletests([f["p_value"] for f in tested], alpha=0.05, method="holm")[1]
+    assert [f["p_holm"] for f in tested] == pytest.approx(list(adjusted))
+    text = render_markdown(outcome)
+    assert text.index("## Primary endpoint") < text.index("exact divergence")
+    assert "**drums vs restore: drums faster.**" in text
+    assert "## Secondary endpoints (Holm's rule over" in text

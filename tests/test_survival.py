@@ -269,6 +269,10 @@ def test_one_seed_per_arm_claims_nothing_about_variance():
     result = across_seeds(arm(100), arm(50), BUDGET)
     assert "single draw" in result["claim"]
     assert "claims nothing about variance" in result["claim"]
+    # no replication: no p-value anywhere
+    assert result["replicated"] is False
+    assert result["logrank"]["p_value"] is None and result["paired_t"]["p_value"] is None
+    assert "no replication, no arm-level claim" in result["claim"]
     assert result["paired_log_ratio"]["interval"] is None
     assert result["probability_of_improvement"]["estimate"] is None
 
@@ -283,7 +287,9 @@ def test_across_seeds_is_json_and_keeps_every_seed():
         "budget",
         "kaplan_meier",
         "interval_censored",
+        "replicated",
         "logrank",
+        "paired_t",
         "rmst",
         "paired_log_ratio",
         "probability_of_improvement",
@@ -305,3 +311,36 @@ def test_seed_time_validation():
         SeedTime(0, True, 100.0, lower=100.0)
     with pytest.raises(ValueError):
         kaplan_meier([SeedTime(0, True, 1.0), SeedTime(0, True, 2.0)])
+
+
+def test_every_statistic_censors_a_never_reached_seed_at_the_budget():
+    """A run that stopped at its trajectory cap after 300 s never reached the target within the
+    1000 s budget either: Kaplan–Meier, log-rank, RMST and the paired ratio all see it at 1000 s.
+    Censored at what it spent, log-rank would call the arms alike (p 1.0 here: the capped seeds
+    leave the risk set before the other arm's first event)."""
+    reaching = arm(500, 550, 600, 650)
+    capped = [SeedTime(s, False, 300.0 + 10 * s) for s in range(4)]
+    result = across_seeds(reaching, capped, BUDGET, names=("fast", "capped"))
+    assert result["kaplan_meier"]["capped"]["table"][-1]["time"] == BUDGET
+    assert all(row["time"] in (0.0, BUDGET) for row in result["kaplan_meier"]["capped"]["table"])
+    at_budget = [SeedTime(s, False, BUDGET) for s in range(4)]
+    same = across_seeds(reaching, at_budget, BUDGET, names=("fast", "capped"))
+    for key in ("logrank", "paired_t", "rmst", "paired_log_ratio", "kaplan_meier"):
+        assert result[key] == same[key], key
+    as_spent = logrank(reaching, capped)["p_value"]
+    assert as_spent == 1.0 and result["logrank"]["p_value"] < 0.05, (as_spent, result["logrank"])
+
+
+def test_paired_t_matches_scipy_and_needs_two_pairs():
+    from scipy.stats import ttest_1samp
+
+    from envab.analysis.survival import paired_t
+
+    a, b = arm(100, 200, 400), arm(60, 150, 200)
+    logs = [math.log(60 / 100), math.log(150 / 200), math.log(200 / 400)]
+    ours = paired_t(a, b, BUDGET)
+    ref = ttest_1samp(logs, 0.0)
+    assert ours["p_value"] == pytest.approx(ref.pvalue) and ours["pairs"] == 3
+    low, high = ref.confidence_interval(0.95)
+    assert ours["interval_ratio"] == pytest.approx([math.exp(low), math.exp(high)])
+    assert paired_t(arm(100), arm(50), BUDGET)["p_value"] is None

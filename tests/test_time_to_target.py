@@ -52,6 +52,7 @@ def test_never_reached_reports_final_rate_and_budget():
         "reached": False,
         "rule": {"rule": "first_crossing"},
         "verdict": "never reached target",
+        "unconfirmed_crossing": None,
         "final_checkpoint": "ckpt-000128",
         "final_heldout_success_rate": 0.4,
         "unevaluated": [],
@@ -91,3 +92,25 @@ def test_no_checkpoints_is_never_reached_with_nothing_spent():
     out = time_to_target([], {}, 0.5, final={"valid_trajectories": 0, "wall_clock_s": 3.0})
     assert out["reached"] is False and out["final_heldout_success_rate"] is None
     assert out["budget_spent"]["wall_clock_s"] == 3.0
+
+
+def test_a_crossing_that_is_not_confirmed_is_never_reached():
+    rates = [0.1, 0.6, 0.7, 0.4]
+    evals = {c["checkpoint"]: evaluation(r) for c, r in zip(CHECKPOINTS, rates, strict=True)}
+    confirmed = {"verdict": "confirmed", "checkpoint": "ckpt-000064"}
+    out = time_to_target(CHECKPOINTS, evals, 0.5, None, None, confirmed, True)
+    assert out["reached"] and out["checkpoint"] == "ckpt-000064"
+    for record, why in (
+        ({"verdict": "not confirmed", "checkpoint": "ckpt-000064"}, "crossing not confirmed"),
+        (None, "no confirmatory evaluation"),
+        ({"verdict": "confirmed", "checkpoint": "ckpt-000096"}, "judged ckpt-000096"),
+    ):
+        out = time_to_target(CHECKPOINTS, evals, 0.5, None, None, record, True)
+        assert not out["reached"] and out["verdict"] == "never reached target"
+        assert out["unconfirmed_crossing"]["checkpoint"] == "ckpt-000064"
+        assert why in out["unconfirmed_crossing"]["reason"]
+        # censored at the budget it spent, with the last scored rate
+        assert out["budget_spent"]["valid_trajectories"] == 128
+        assert out["final_heldout_success_rate"] == 0.4
+    # no confirmation registered: the crossing stands as before
+    assert time_to_target(CHECKPOINTS, evals, 0.5, None, None, None, False)["reached"]
