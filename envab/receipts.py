@@ -5,9 +5,9 @@ with ``digest.sha256``; ``predicate`` holds what was recorded, including ``depen
 receipts this one builds on, named by path and digest, so tampering with any one shows in
 ``verify`` on every receipt that depends on it. ``predicate.statement_sha256`` is the digest of the
 receipt itself with that field left out, so an edited receipt that nothing depends on shows too.
-(It catches edits, not forgery: whoever can rewrite a receipt can recompute it; signing the
-statement, e.g. in a DSSE envelope, is the step beyond.) Paths are relative to the workflow's
-working directory.
+That digest catches edits, not forgery: whoever can rewrite a receipt can recompute it. With a
+signing key (`ENVAB_SIGNING_KEY`, envab/signing.py) each receipt also gets a DSSE envelope that
+`verify --public-key` checks. Paths are relative to the workflow's working directory.
 """
 
 from __future__ import annotations
@@ -71,6 +71,9 @@ def write_receipt(
     }
     statement["predicate"]["statement_sha256"] = statement_digest(statement)
     atomic_write_json(path, statement)
+    from envab.signing import sign_if_configured  # cryptography only where receipts are written
+
+    sign_if_configured(path, statement)
     return statement
 
 

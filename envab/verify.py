@@ -26,10 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envab import signing
 from envab.bundle import NOT_SHIPPED_STATUS, not_shipped
+from envab.errors import Refusal, refused
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
-from envab.receipts import read_receipt, statement_digest
+from envab.receipts import FREEZE_RECEIPTS, read_receipt, statement_digest
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,6 +56,8 @@ class Check:
     def line(self) -> str:
         if self.role == "receipt":
             return f"{self.status:<9} {self.path}  (the receipt itself)"
+        if self.role == "signature":
+            return f"{self.status:<9} {self.path}{signing.SUFFIX}  (its signature)"
         return f"{self.status:<9} {self.path}  ({self.role} of {self.receipt})"
 
 
@@ -123,18 +127,19 @@ def _checkpoint_files(records: Path, root: Path, receipt: str, digests: Digests)
     return checks
 
 
-def verify_dir(receipts: str | Path, root: str | Path = ".") -> list[Check]:
+def verify_dir(receipts: str | Path, root: str | Path = ".", public_key=None) -> list[Check]:
     """Every check for every receipt in the folder `receipts` (paths inside are relative to
-    `root`)."""
+    `root`). The freeze's receipts must be there: a deleted one is MISSING, not unnoticed."""
     receipts = Path(receipts)
     files = sorted(receipts.glob("*.json"))
     if not files:
         return [Check("MISSING", receipts.as_posix(), receipts.as_posix(), "receipt")]
-    return verify_receipts(files, root)
+    absent = [receipts / name for name in FREEZE_RECEIPTS if not (receipts / name).is_file()]
+    return verify_receipts([*absent, *files], root, public_key=public_key)
 
 
 def verify_receipts(
-    files: list[Path], root: str | Path = ".", workers: int | None = None
+    files: list[Path], root: str | Path = ".", workers: int | None = None, public_key=None
 ) -> list[Check]:
     """Every check for each receipt file in `files`. Every file the receipts (and the
     checkpoints.jsonl among their subjects) name is hashed first, once, in parallel; the checks
@@ -179,6 +184,10 @@ def verify_receipts(
             checks.append(Check("MALFORMED", name, name, "receipt"))
             continue
         checks.append(Check("ok" if intact else "MISMATCH", name, name, "receipt", recorded))
+        if public_key is not None:  # a rewritten, re-hashed receipt fails here
+            checks.append(
+                Check(signing.check(name, statement, public_key), name, name, "signature")
+            )
         for subject_entry in subjects:
             check = _check_digest(subject_entry, root, name, "subject", digests)
             checks.append(check)
@@ -259,20 +268,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--root", default=".", help="directory the receipt paths are relative to")
     parser.add_argument("--html", metavar="OUT", help="also write the checks as an HTML page")
+    parser.add_argument(
+        "--public-key", metavar="PEM", help="check each receipt's signature with this key"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        key = signing.load_public(args.public_key) if args.public_key else None
+    except Refusal as e:
+        return refused(e)
     if args.files:
-        checks = verify_receipts([Path(f) for f in args.files], args.root)
+        checks = verify_receipts([Path(f) for f in args.files], args.root, public_key=key)
         folder = receipt_folder(args.files)
     else:
-        checks = verify_dir(args.receipts, args.root)
+        checks = verify_dir(args.receipts, args.root, public_key=key)
         folder = args.receipts
     for check in checks:
         print(check.line())
-    print(verdict(checks))
+    print(verdict(checks) + ("" if key else "; signatures not checked (no --public-key)"))
     if args.html:  # before the exit status: a failed verify is what the page must show
         atomic_write_text(args.html, verification_html(checks, folder))
     return 1 if any(c.failed for c in checks) else 0

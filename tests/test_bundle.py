@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from envab import bundle, verify
-from envab.receipts import subject, write_receipt
+from envab.receipts import FREEZE_RECEIPTS, subject, write_receipt
 
 EXP = "exp-1"
 
@@ -39,6 +39,8 @@ def a_run(root: Path) -> None:
     try:
         names = [Path(f"results/{EXP}/drums/seed1/{n}") for n in ("checkpoints.jsonl", "run.json")]
         write_receipt(f"receipts/{EXP}/run.json", "run", [subject(n) for n in names], {})
+        for name in FREEZE_RECEIPTS:  # what every experiment's folder must hold
+            write_receipt(f"receipts/{EXP}/{name}", "freeze", [], {})
     finally:
         os.chdir(cwd)
 
@@ -59,7 +61,7 @@ def test_a_bundle_verifies_and_says_what_it_left_out(tmp_path, capsys):
     assert verify.main([str(out / "receipts" / EXP), "--root", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"NOT SHIPPED {weights}" in printed
-    assert printed.strip().endswith("verify: 4 ok, 1 not shipped (digest only), 0 failed")
+    assert "verify: 8 ok, 1 not shipped (digest only), 0 failed;" in printed
 
 
 def test_a_tampered_or_deleted_file_in_a_bundle_still_fails(tmp_path):
