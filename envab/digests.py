@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -23,32 +21,10 @@ import yaml
 
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_text
+from envab.machine import machine_kind
 
 DIGESTS = "digests.yaml"
 WEIGHTS = "model.safetensors"
-# The instruction-set features torch's CPU kernels choose between: two machines that differ in
-# one of them may sum in another order.
-ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "sve")
-
-
-def machine_kind(cpuinfo: str | None = None, threads: int | None = None) -> dict:
-    """The CPU model, the instruction-set features among `ISA_FLAGS`, and the threads a job
-    gets (Snakemake gives a timed job every core it was given)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    return {
-        "cpu": fields.get("model name") or platform.processor() or platform.machine(),
-        "isa": [flag for flag in ISA_FLAGS if flag in flags],
-        "threads": threads if threads is not None else (os.cpu_count() or 1),
-    }
 
 
 def run_digests(records: Path) -> dict[str, str]:

@@ -128,6 +128,9 @@ def test_counts_add_up_and_budget_stops_the_run(trained, arm):
     assert run["inference_s"] == pytest.approx(sum(a["generation_seconds"] for a in attempts))
     assert run["started_utc"] > run["frozen_utc"]
     assert min(a["started_utc"] for a in attempts) >= run["started_utc"]
+    # how turns were generated and what the run's bit-determinism holds within are recorded
+    assert "<|video_pad|>" in run["generation"]["suppressed_tokens"]
+    assert run["machine"]["cpu"] and run["machine"]["threads"] >= 1
 
 
 @pytest.mark.parametrize("arm", ["restore", "drums"])

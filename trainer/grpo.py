@@ -65,6 +65,7 @@ from envab.envs.placement import PlacementError, pin
 from envab.errors import Refusal, refused
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
+from envab.machine import accelerator, machine_kind
 from envab.preregistration import Budget, Preregistration
 from envab.progress import Console, duration, job_console
 from envab.receipts import Receipts, utc_now
@@ -823,6 +824,11 @@ def generation_record(trainer, settings: GrpoSettings, times: dict) -> dict:
         "generated_tokens": round(tokens),
         "generated_tokens_per_s": round(tokens / generation_s, 1) if generation_s else None,
         "generation": generation.settings(trainer._tokenizer),  # suppressed tokens included
+        # What bit-determinism holds within (envab/machine.py): a verdict says which case it is.
+        "machine": {
+            **machine_kind(threads=torch.get_num_threads()),
+            "accelerator": accelerator(),
+        },
     }
     if torch.cuda.is_available():
         record["cuda_peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
