@@ -204,7 +204,7 @@ class Screen:
         Screen.rejected += 1
 
     def get_reward(self) -> float | None:
-        return None if self.invalid else 1.0
+        return None if self.invalid else 1.0  # `invalid` stays set: the trainer reads it
 
 
 def trainer_for(tiny, tmp_path, guarded: bool, suppress: bool):
@@ -273,7 +273,18 @@ def test_training_goes_on_and_the_wanted_token_is_never_emitted(tiny, tmp_path):
 
 def test_a_server_that_ignores_the_suppression_gives_invalid_attempts_not_a_crash(tiny, tmp_path):
     trainer = trainer_for(tiny, tmp_path, guarded=True, suppress=False)
+    batches = []
+    scored = trainer._generate_and_score_completions
+
+    def recording(inputs):
+        batches.append(scored(inputs))
+        return batches[-1]
+
     Screen.rejected = 0
+    trainer._generate_and_score_completions = recording
     trainer.train()
     assert Screen.rejected == 2  # both completions wrote WANTED on their second turn
     assert trainer.state.global_step == 1
+    # invalid attempts are masked out of every term of the update, KL and token count included
+    assert int(batches[0]["completion_mask"].sum()) == 0
+    assert int(batches[0]["num_items_in_batch"]) == 0

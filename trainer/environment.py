@@ -123,6 +123,7 @@ class ArmEnvironment:
     def __init__(self, run: Run):
         self.run = run
         self.episode: Episode | None = None
+        self.invalid = False  # the last attempt's: no reward, masked out of the update
 
     def reset(self, task_id: str, **row) -> list[dict]:
         """Start the row's task; returns the first user turn (the environment's first screenshot,
@@ -226,6 +227,7 @@ class ArmEnvironment:
             partial_score=verification.audit.get("partial_score"),
         )
         self.run.ledger.record(attempt, self.run.step)
+        self.invalid = attempt.reward is None  # read by the trainer: masked out of the update
         return attempt.reward
 
     def _close_session(self) -> None:

@@ -149,7 +149,7 @@ class GuardedGenerationMixin:
     unsampleable token is quarantined right after each turn is generated, before the next turn's
     positions or the loss's forward pass read it, and its attempt is made invalid
     (`completion_tokens`) before the rewards are asked for; an unknown tool name is refused by
-    the environment."""
+    the environment; and every invalid attempt is masked out of the update."""
 
     def _forbidden(self) -> tuple[set[int], int]:
         if not hasattr(self, "_unsampleable"):
@@ -173,6 +173,23 @@ class GuardedGenerationMixin:
                 for tools, environment in zip(self._sync_tool_dicts, self.environments, strict=True)
             ]
         return super()._tool_call_loop(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's batch with every invalid attempt (its reward None: no advantage) masked out of
+        every term of the update, the KL term and the loss's token count included: an attempt
+        the environment or the sampler spoiled teaches nothing, on either arm."""
+        import torch  # only in training: the evaluation imports this module without torch
+
+        batch = super()._generate_and_score_completions(inputs)
+        invalid = [bool(getattr(env, "invalid", False)) for env in self.environments or []]
+        if any(invalid):
+            rows = torch.tensor(invalid, device=batch["completion_mask"].device)
+            batch["completion_mask"] = batch["completion_mask"].masked_fill(rows.unsqueeze(1), 0)
+            loss_mask = batch["completion_mask"]
+            if batch.get("tool_mask") is not None:
+                loss_mask = loss_mask * batch["tool_mask"]
+            batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        return batch
 
     def _generate(self, prompts):
         output = super()._generate(prompts)
