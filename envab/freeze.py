@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from pathlib import Path
 
 from envab import codepins, preregistration, software
 from envab.errors import Refusal, refused
@@ -68,11 +69,19 @@ def cmd_split(args) -> None:
     def listing(side: list[dict]) -> list[dict]:
         return [{"id": t["id"], "sha256": task_digest(t)} for t in side]
 
+    # The registered rule that chose the task set from a larger one (tasks.osworld.select), and
+    # the tasks job's per-task report of what it left out and why, are part of what is frozen.
+    report = json.loads(Path(args.tasks_report).read_text()) if args.tasks_report else {}
+    chosen = "selection" in report
     write_receipt(
         args.receipt,
         "split",
-        subjects=[subject(args.tasks), subject(args.train), subject(args.heldout)],
+        subjects=[subject(args.tasks), subject(args.train), subject(args.heldout)]
+        + ([subject(args.tasks_report)] if chosen else []),
         predicate={
+            **(
+                {"selection": {**report["selection"], "loaded": report["loaded"]}} if chosen else {}
+            ),
             "rule": rule_text(args.unit, args.stratify),
             "unit": args.unit,
             "stratify": args.stratify,
@@ -158,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = frozen_parser("split", "split the task set, write split.json")
     p.add_argument("--tasks", required=True)
+    p.add_argument(
+        "--tasks-report",
+        help="the tasks job's report (tasks/index.json): its selection rule goes in the receipt",
+    )
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--heldout-fraction", type=float, required=True)
     p.add_argument("--unit", choices=("task", "class"), default="task", help="envab/split.py")

@@ -68,6 +68,12 @@ elif "osworld" in config["tasks"]:
         params:
             index=lambda wildcards, input: f"--index {input.index}" if input.index else "",
             runnable=RUNNABLE,
+            # the registered rule choosing the subset; the report says why each other task is out
+            select=(
+                f"--select {as_arg(config['tasks']['osworld']['select'])}"
+                if "select" in config["tasks"]["osworld"]
+                else ""
+            ),
         conda:
             SOFTWARE
         benchmark:
@@ -78,7 +84,7 @@ elif "osworld" in config["tasks"]:
             # Each task file copied byte for byte; a malformed one refused with its path.
             "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
             " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
-            " {params.runnable} > {log} 2>&1"
+            " {params.runnable} {params.select} > {log} 2>&1"
 
 else:
 
@@ -108,6 +114,7 @@ rule split:
         target=TARGET,
         receipt=PREREG_RECEIPT,
         tasks=f"{RESULTS}/tasks/tasks.jsonl",
+        report=f"{RESULTS}/tasks/index.json",
     output:
         train=f"{RESULTS}/tasks/train.jsonl",
         heldout=f"{RESULTS}/tasks/heldout.jsonl",
@@ -125,7 +132,8 @@ rule split:
         f"{LOGS}/split.log",
     shell:
         "python -m envab.freeze split --target {input.target} --receipts {input.receipt}"
-        " --tasks {input.tasks} --seed {params.seed} --heldout-fraction {params.fraction}"
+        " --tasks {input.tasks} --tasks-report {input.report} --seed {params.seed}"
+        " --heldout-fraction {params.fraction}"
         " --unit {params.unit} --stratify {params.stratify}"
         " --train {output.train} --heldout {output.heldout} --receipt {output.receipt}"
         " > {log} 2>&1"

@@ -40,11 +40,16 @@ class Registry:
 
     def missing(self, task: Mapping) -> list[str]:
         """What `task`'s evaluator names that nothing here provides, as readable items."""
+        return [text for _, text in self.missing_named(task)]
+
+    def missing_named(self, task: Mapping) -> list[tuple[str, str]]:
+        """`missing`, each item with its reason's name (`unknown:metric:<name>`,
+        `unknown:getter:<type>`), which the freeze's per-task report counts."""
         ev = task.get("evaluator") or {}
         func = ev.get("func")
         names = func if isinstance(func, list) else [func]
         gaps = [
-            f"metric {name!r}"
+            (f"unknown:metric:{name}", f"metric {name!r}")
             for name in names
             if name != INFEASIBLE and name not in self.metrics and name not in CHECKERS
         ]
@@ -53,7 +58,7 @@ class Registry:
             for getter in value if isinstance(value, list) else [value]:
                 kind = getter.get("type") if isinstance(getter, Mapping) else None
                 if kind is not None and kind not in self.getters:
-                    gaps.append(f"{key} getter {kind!r}")
+                    gaps.append((f"unknown:getter:{kind}", f"{key} getter {kind!r}"))
         return gaps
 
 
@@ -93,6 +98,11 @@ def registry() -> Registry:
 def missing_evaluators(task: Mapping) -> list[str]:
     """What `task` names that no verifier here provides, each with where it was looked for;
     desktop-env is read only when a task names something beyond this project's checkers."""
+    return [text for _, text in missing_named(task)]
+
+
+def missing_named(task: Mapping) -> list[tuple[str, str]]:
+    """`missing_evaluators`, each item with its reason's name (Registry.missing_named)."""
     ev = task.get("evaluator") or {}
     func = ev.get("func")
     own = all(name in CHECKERS for name in (func if isinstance(func, list) else [func]))
@@ -100,7 +110,7 @@ def missing_evaluators(task: Mapping) -> list[str]:
         return []
     reg = registry()
     where = f"in desktop-env {reg.version} or this project's checkers"
-    return [f"{gap} {where}" for gap in reg.missing(task)]
+    return [(name, f"{gap} {where}") for name, gap in reg.missing_named(task)]
 
 
 # --- what a task may not make the host do -------------------------------------------------------
@@ -203,14 +213,31 @@ def bare_file_name(name) -> bool:
     )
 
 
+def _bare_dest(dest) -> bool:
+    """A getter's `dest`: a bare file name, or (a getter fetching several files, OSWorld's
+    `multi: true`) a non-empty list of them."""
+    if isinstance(dest, list):
+        return bool(dest) and all(bare_file_name(name) for name in dest)
+    return bare_file_name(dest)
+
+
 def unsafe_evaluators(task: Mapping) -> list[str]:
     """What in `task`'s evaluator would let the task or its environment act on the host: a
     getter `dest` that is not a bare file name, and a metric or getter whose code runs text."""
+    return [text for _, text in unsafe_named(task)]
+
+
+def unsafe_named(task: Mapping) -> list[tuple[str, str]]:
+    """`unsafe_evaluators`, each item with its reason's name (`unsafe:dest`,
+    `unsafe:metric:<name>`, `unsafe:getter:<type>`): such a task is refused at freeze, or left
+    out by a registered rule and reported, and is never runnable on any world."""
     ev = task.get("evaluator") or {}
     problems = []
     for where, getter in _getters(ev):
-        if "dest" in getter and not bare_file_name(getter["dest"]):
-            problems.append(f"{where}.dest {getter['dest']!r} is not a bare file name")
+        if "dest" in getter and not _bare_dest(getter["dest"]):
+            problems.append(
+                ("unsafe:dest", f"{where}.dest {getter['dest']!r} is not a bare file name")
+            )
     own = {name for name in CHECKERS}
     func = ev.get("func")
     metrics = [m for m in (func if isinstance(func, list) else [func]) if isinstance(m, str)]
@@ -218,9 +245,16 @@ def unsafe_evaluators(task: Mapping) -> list[str]:
         return problems
     for metric in metrics:
         if metric not in own and (found := runs_code("metrics", metric)):
-            problems.append(f"metric {metric!r} runs code on the host ({found})")
+            problems.append(
+                (f"unsafe:metric:{metric}", f"metric {metric!r} runs code on the host ({found})")
+            )
     for where, getter in _getters(ev):
         kind = getter.get("type")
         if isinstance(kind, str) and (found := runs_code("getters", f"get_{kind}")):
-            problems.append(f"{where} getter {kind!r} runs code on the host ({found})")
+            problems.append(
+                (
+                    f"unsafe:getter:{kind}",
+                    f"{where} getter {kind!r} runs code on the host ({found})",
+                )
+            )
     return problems

@@ -17,6 +17,14 @@ domains named it. Two different files with one id, an id that is not its file's 
 entry without a file, a malformed task, and a task naming a metric or getter that no verifier
 here provides (envs/tasks/evaluators.py: OSWorld's desktop-env, or this project's checkers) are
 refused with the file (or line) and the reason. The same inputs always give the same bytes out.
+
+A field a file leaves out takes OSWorld's meaning (no `config`: no set-up). With a registered
+rule (`--select`, config `tasks.osworld.select`: domains, runnable only) every task loads, every
+file is copied, and the rule chooses the frozen subset: the report says, per task, whether it
+runs on each world or why not, by named reasons (`setup:download`, `getter:cloud_file`,
+`metric:compare_pptx_files`, `app:libreoffice`, `unsafe:...`); a task no verifier may score is
+never selected. Without a rule a task that cannot be scored (or run on the `--runnable` world)
+refuses the freeze, every such task named.
 """
 
 from __future__ import annotations
@@ -26,16 +34,25 @@ import json
 import shutil
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from envab.envs.tasks.evaluators import missing_evaluators, unsafe_evaluators
-from envab.errors import Refusal, refused
+from envab.envs.tasks.evaluators import bare_file_name, missing_named, unsafe_named
+from envab.errors import Refusal
 from envab.hashing import sha256_bytes
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
 
-ADDED = ("domain", "source_sha256")  # the fields the freeze adds to a task file's JSON
+ADDED = (
+    "domain",
+    "source_sha256",
+    "defaulted",
+    "source_id",
+)  # the fields the freeze adds to a task's JSON
+# OSWorld's meaning of an optional field a task file leaves out (desktop_env.py reads
+# `task_config.get("config", [])`): no set-up. The frozen line says which it filled in.
+DEFAULTS = {"config": []}
+WORLDS = ("xdesktop",)  # the worlds a per-task report says each task can run on (or why not)
 CONJ = ("and", "or")
 
 
@@ -48,13 +65,19 @@ class SourcedTask:
     task: dict  # the task's JSON, with the fields in ADDED when it came from a directory
     raw: bytes  # the original bytes (a file, or a tasks.jsonl line)
     origin: str  # the file (relative to the source) or "tasks.jsonl:<line>"
+    # why no verifier here may score it, on any world: (reason, detail), e.g. a metric that
+    # runs code on the host ("unsafe:metric:<name>") or one desktop-env lacks ("unknown:...")
+    unscorable: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
 class Frozen:
-    tasks: list[SourcedTask]
+    tasks: list[SourcedTask]  # what is frozen: after `select`, the tasks the rule chose
     duplicates: list[dict] = field(default_factory=list)
     from_dir: bool = False  # an OSWorld folder (one file a task), not a tasks.jsonl
+    # after `select`: every task loaded, and the per-task report (see `select`)
+    loaded: list[SourcedTask] | None = None
+    selection: dict | None = None
 
     def report(self) -> dict:
         by_domain: dict[str, int] = {}
@@ -66,6 +89,7 @@ class Frozen:
             "per_domain": dict(sorted(by_domain.items())),
             "duplicates": self.duplicates,
             "source_sha256": {t.task["id"]: sha256_bytes(t.raw) for t in self.tasks},
+            **(self.selection or {}),
         }
 
 
@@ -90,7 +114,8 @@ def _getters(value: Any, where: str) -> None:
 def check_task(task: Any) -> dict:
     """`task` if it has OSWorld's shape, else TaskSourceError naming the first field that is wrong.
 
-    id, instruction, config (a list of {type, parameters} steps) and evaluator: `func` a metric
+    id (a plain name), instruction, config (a list of {type, parameters} steps; absent, none)
+    and evaluator: `func` a metric
     name or a list of them; with a list, `result`, `expected` and `options` (where given) are
     lists of the same length, one per metric; `conj` and or or; `postconfig` a list of steps.
     Only the shape: whether each metric and getter can run is the verifier's check."""
@@ -99,9 +124,12 @@ def check_task(task: Any) -> dict:
     tid = task.get("id")
     if not isinstance(tid, str) or not tid.strip():
         raise TaskSourceError("'id' must be a non-empty string")
+    if not plain_name(tid):  # an id names files and folders downstream
+        raise TaskSourceError(f"id {tid!r} is not a plain name (no path separator, not . or ..)")
     if not isinstance(task.get("instruction"), str) or not task["instruction"].strip():
         raise TaskSourceError(f"task {tid}: 'instruction' must be a non-empty string")
-    _steps(task.get("config"), f"task {tid}: config")
+    if "config" in task:  # absent: no set-up (DEFAULTS)
+        _steps(task["config"], f"task {tid}: config")
     ev = task.get("evaluator")
     if not isinstance(ev, Mapping):
         raise TaskSourceError(f"task {tid}: 'evaluator' must be an object")
@@ -135,37 +163,55 @@ def check_task(task: Any) -> dict:
     return dict(task)
 
 
+def plain_name(name: Any) -> bool:
+    """An id or domain that can name a file or folder: no path separator, not empty, . or .."""
+    return bare_file_name(name) and name.strip() == name and bool(name)
+
+
 def _parse(raw: bytes, origin: str) -> dict:
     try:
         task = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TaskSourceError(f"{origin}: not JSON ({e})") from None
     try:
-        task = check_task(task)
+        return check_task(task)
     except TaskSourceError as e:
         raise TaskSourceError(f"{origin}: {e}") from None
-    gaps = missing_evaluators(task)
-    if gaps:
-        raise TaskSourceError(f"{origin}: task {task['id']}: no {', no '.join(gaps)}")
-    unsafe = unsafe_evaluators(task)
-    if (
-        unsafe
-    ):  # untrusted: nothing a task names may run on, or write outside the cache of, the host
-        raise TaskSourceError(f"{origin}: task {task['id']}: {'; '.join(unsafe)}")
-    return task
+
+
+def unscorable(task: Mapping) -> tuple[tuple[str, str], ...]:
+    """Why no verifier here may score `task` on any world: a metric or getter neither
+    desktop-env nor this project's checkers provide, or one that would act on the host."""
+    missing = [(name, f"no {text}") for name, text in missing_named(task)]
+    return (*missing, *unsafe_named(task))
+
+
+def _refuse_unscorable(tasks: Iterable[SourcedTask]) -> None:
+    """Every task no verifier may score, each with its file (or line) and reasons, in one
+    refusal: a rule that selects runnable tasks only leaves them out instead (`select`)."""
+    lines = [_named(t, t.unscorable) for t in tasks if t.unscorable]
+    if lines:
+        raise TaskSourceError("\n".join(lines))
+
+
+def _named(t: SourcedTask, reasons: Iterable[tuple[str, str]]) -> str:
+    return f"{t.origin}: task {t.task['id']}: {'; '.join(detail for _, detail in reasons)}"
 
 
 # --- sources ------------------------------------------------------------------------------------
 
 
-def load_dir(root: str | Path, index: str | Path | None = None) -> Frozen:
-    """The tasks of an OSWorld `evaluation_examples` folder (see the module's docstring)."""
+def load_dir(root: str | Path, index: str | Path | None = None, strict: bool = True) -> Frozen:
+    """The tasks of an OSWorld `evaluation_examples` folder (see the module's docstring).
+
+    strict: a task no verifier here may score is refused (every such task named); otherwise
+    it loads with its reasons (`SourcedTask.unscorable`) for a registered rule to leave out."""
     root = Path(root)
     examples = root / "examples"
     if not examples.is_dir():
         raise TaskSourceError(f"{root}: no examples/ folder (expected examples/<domain>/<id>.json)")
     listed = _index(Path(index) if index else None, examples)
-    by_id: dict[str, SourcedTask] = {}
+    by_id: dict[str, list[SourcedTask]] = {}  # an id's tasks: one, or several contents
     named_by: dict[str, list[str]] = {}
     for domain, tid in listed:
         path = examples / domain / f"{tid}.json"
@@ -178,39 +224,81 @@ def load_dir(root: str | Path, index: str | Path | None = None) -> Frozen:
             raise TaskSourceError(f"{origin}: its id {task['id']!r} is not its file name")
         named_by.setdefault(tid, []).append(domain)
         if tid in by_id:
-            if by_id[tid].raw != raw:
-                first = by_id[tid].origin
+            if any(t.raw == raw for t in by_id[tid]):
+                continue
+            if strict:
+                first = by_id[tid][0].origin
                 raise TaskSourceError(f"{origin}: id {tid} is also {first}, with other content")
-            continue
+        defaulted = sorted(key for key in DEFAULTS if key not in task)
+        task.update({key: json.loads(json.dumps(DEFAULTS[key])) for key in defaulted})
         task.update(domain=domain, source_sha256=sha256_bytes(raw))
-        by_id[tid] = SourcedTask(task, raw, origin)
+        if defaulted:
+            task["defaulted"] = defaulted
+        by_id.setdefault(tid, []).append(SourcedTask(task, raw, origin, unscorable(task)))
     duplicates = [
         {"id": tid, "domains": domains, "kept": domains[0]}
         for tid, domains in sorted(named_by.items())
-        if len(domains) > 1
+        if len(domains) > 1 and len(by_id[tid]) == 1
     ]
-    return Frozen(sorted(by_id.values(), key=lambda t: t.task["id"]), duplicates, from_dir=True)
+    # One id, several contents (OSWorld's test_all.json has eleven: each a chrome task and a
+    # thunderbird task; OSWorld names a task by its domain and id together). Under a rule
+    # (strict off) each is kept under `<domain>.<id>`, the frozen line saying its file's id in
+    # `source_id`: the frozen set, its split and receipts need one id a task.
+    tasks, ids = [], {tid for tid, variants in by_id.items() if len(variants) == 1}
+    for tid, variants in sorted(by_id.items()):
+        if len(variants) == 1:
+            tasks.append(variants[0])
+            continue
+        renamed = []
+        for t in variants:
+            new_id = f"{t.task['domain']}.{tid}"
+            if new_id in ids:
+                raise TaskSourceError(f"{t.origin}: id {tid} has other contents elsewhere, and "
+                                      f"{new_id}, its name here, is another task's id")  # fmt: skip
+            ids.add(new_id)
+            renamed.append(new_id)
+            tasks.append(replace(t, task={**t.task, "id": new_id, "source_id": tid}))
+        duplicates.append({"id": tid, "domains": named_by[tid], "renamed": renamed})
+    duplicates.sort(key=lambda d: d["id"])
+    tasks.sort(key=lambda t: t.task["id"])
+    if strict:
+        _refuse_unscorable(tasks)
+    return Frozen(tasks, duplicates, from_dir=True)
 
 
 def _index(index: Path | None, examples: Path) -> list[tuple[str, str]]:
-    """(domain, id) pairs in sorted order: from the index, or every file under examples/."""
+    """(domain, id) pairs in sorted order: from the index, or every file under examples/; a
+    domain or id that is not a plain name (a path separator, .., empty) is refused, naming the
+    index (or the file)."""
     if index is None:
-        pairs = [(p.parent.name, p.stem) for p in examples.glob("*/*.json")]
-        return sorted(pairs)
-    try:
-        listing = json.loads(index.read_bytes())
-    except (OSError, json.JSONDecodeError) as e:
-        raise TaskSourceError(f"{index}: cannot read the index ({e})") from None
-    ok = isinstance(listing, Mapping) and all(
-        isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in listing.values()
-    )
-    if not ok:
-        raise TaskSourceError(f"{index}: the index must map each domain to a list of task ids")
-    return sorted((domain, tid) for domain, ids in listing.items() for tid in ids)
+        pairs = sorted((p.parent.name, p.stem) for p in examples.glob("*/*.json"))
+        where = {pair: f"examples/{pair[0]}/{pair[1]}.json" for pair in pairs}
+    else:
+        try:
+            listing = json.loads(index.read_bytes())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TaskSourceError(f"{index}: cannot read the index ({e})") from None
+        ok = isinstance(listing, Mapping) and all(
+            isinstance(ids, list) and all(isinstance(i, str) for i in ids)
+            for ids in listing.values()
+        )
+        if not ok:
+            raise TaskSourceError(f"{index}: the index must map each domain to a list of task ids")
+        pairs = sorted((domain, tid) for domain, ids in listing.items() for tid in ids)
+        where = {pair: str(index) for pair in pairs}
+    for domain, tid in pairs:
+        for kind, name in (("domain", domain), ("id", tid)):
+            if not plain_name(name):
+                raise TaskSourceError(
+                    f"{where[domain, tid]}: {kind} {name!r} is not a plain name "
+                    "(no path separator, not empty, . or ..)"
+                )
+    return pairs
 
 
-def load_jsonl(path: str | Path) -> Frozen:
-    """A tasks.jsonl, one task per line, kept line for line; a duplicated id is refused."""
+def load_jsonl(path: str | Path, strict: bool = True) -> Frozen:
+    """A tasks.jsonl, one task per line, kept line for line; a duplicated id is refused, and so
+    is a line without `config` (the line is kept as it is, so it must say its set-up)."""
     path = Path(path)
     tasks, seen = [], {}
     for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
@@ -218,13 +306,139 @@ def load_jsonl(path: str | Path) -> Frozen:
             continue
         origin = f"{path.name}:{n}"
         task = _parse(line, origin)
+        if "config" not in task:
+            raise TaskSourceError(
+                f"{origin}: task {task['id']}: a tasks.jsonl line is kept as it is, so it must "
+                "name its set-up ('config': [] for none)"
+            )
         if task["id"] in seen:
             raise TaskSourceError(f"{origin}: id {task['id']} is also line {seen[task['id']]}")
         seen[task["id"]] = n
-        tasks.append(SourcedTask(task, line, origin))
+        tasks.append(SourcedTask(task, line, origin, unscorable(task)))
     if not tasks:
         raise TaskSourceError(f"{path}: no tasks")
+    if strict:
+        _refuse_unscorable(tasks)
     return Frozen(tasks)
+
+
+# --- the registered rule that chooses the frozen subset -----------------------------------------
+
+RULE_KEYS = {"domains", "runnable"}
+
+
+def check_rule(rule: Any) -> dict:
+    """A selection rule (config `tasks.osworld.select`): `domains`, a list of the set's domains
+    to keep (absent: all); `runnable`, true to leave out, and report, every task the arms'
+    world cannot set up or score (false or absent: such a task refuses the whole freeze)."""
+    if not isinstance(rule, Mapping) or set(rule) - RULE_KEYS:
+        raise TaskSourceError(f"select: a rule is an object with keys among {sorted(RULE_KEYS)}")
+    doms = rule.get("domains")
+    if doms is not None and (
+        not isinstance(doms, list) or not doms or not all(plain_name(d) for d in doms)
+    ):
+        raise TaskSourceError("select.domains must be a non-empty list of domain names")
+    if not isinstance(rule.get("runnable", False), bool):
+        raise TaskSourceError("select.runnable must be true or false")
+    return dict(rule)
+
+
+def assess(task: SourcedTask) -> dict[str, list[tuple[str, str]]]:
+    """Per world in WORLDS, why `task` cannot run there (empty: it can): what no verifier may
+    score anywhere, then what the world lacks."""
+    from envab.envs.xdesktop.evaluate import blockers  # the X desktop's routes, getters, apps
+
+    return {"xdesktop": _unique([*task.unscorable, *blockers(task.task)])}
+
+
+def _unique(reasons: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    seen, out = set(), []
+    for reason in reasons:
+        if reason not in seen:
+            seen.add(reason)
+            out.append(reason)
+    return out
+
+
+class Unselectable(TaskSourceError):
+    """Tasks the rule keeps that cannot be scored (or run on the arms' world): `lines`, one a
+    task, each with its file and reasons."""
+
+    def __init__(self, lines: list[str], summary: str):
+        super().__init__("\n".join([*lines, summary]))
+        self.lines, self.summary = lines, summary
+
+
+def select(frozen: Frozen, rule: Mapping | None = None, world: str | None = None) -> Frozen:
+    """The tasks `rule` (check_rule) chooses from `frozen`, with the per-task report.
+
+    `world` is the arms' world ("xdesktop" when an arm plays the X desktop, else None): a task
+    is usable when a verifier may score it and, with a world, that world can set it up and
+    score it. Without `runnable: true` an unusable task the rule keeps refuses the freeze,
+    every such task named (Unselectable); with it, it is left out and the report says why. A
+    task no verifier may score (unsafe, unknown metric) is never selected. The report has,
+    per task, its domain, whether it is runnable on each world in WORLDS or its reasons' names
+    (`setup:download`, `getter:cloud_file`, `metric:compare_pptx_files`, `app:libreoffice`,
+    `unsafe:...`), and whether the rule selected it; per world, runnable / total per domain
+    and each reason's count."""
+    rule = check_rule(rule or {})
+    doms = rule.get("domains")
+    present = {t.task.get("domain") or "_none" for t in frozen.tasks}
+    if doms is not None and (absent := sorted(set(doms) - present)):
+        raise TaskSourceError(
+            f"select.domains: {absent} not in the task set (it has {sorted(present)})"
+        )
+    kept, bad, per_task = [], [], {}
+    runnable = {w: {} for w in WORLDS}
+    counts = {w: {} for w in WORLDS}
+    for t in frozen.tasks:
+        domain = t.task.get("domain") or "_none"
+        worlds = assess(t)
+        blocking = worlds[world] if world else list(t.unscorable)
+        chosen = (doms is None or domain in doms) and not blocking
+        if (doms is None or domain in doms) and blocking and not rule.get("runnable"):
+            bad.append(_named(t, blocking))
+        if chosen:
+            kept.append(t)
+        for w, reasons in worlds.items():
+            row = runnable[w].setdefault(domain, {"runnable": 0, "total": 0})
+            row["total"] += 1
+            row["runnable"] += not reasons
+            for name, _ in reasons:
+                counts[w][name] = counts[w].get(name, 0) + 1
+        per_task[f"{domain}/{t.task.get('source_id', t.task['id'])}"] = {  # OSWorld's name
+            "domain": domain,
+            "id": t.task["id"],  # its id in the frozen set
+            "runnable": {w: not reasons for w, reasons in worlds.items()},
+            "reasons": {w: [name for name, _ in reasons] for w, reasons in worlds.items()},
+            "selected": chosen,
+        }
+    if bad:
+        where = "cannot run on the X desktop" if world == "xdesktop" else "cannot be scored here"
+        raise Unselectable(
+            bad,
+            f"{len(bad)} of {len(frozen.tasks)} tasks {where}; nothing written (a registered "
+            "rule, tasks.osworld.select: {runnable: true}, leaves them out and reports why)",
+        )
+    if not kept:
+        raise TaskSourceError(
+            f"select: the rule {rule} keeps none of the {len(frozen.tasks)} tasks"
+        )
+    selection = {
+        "loaded": len(frozen.tasks),
+        "selection": {
+            "rule": rule,
+            "world": world,
+            "selected": len(kept),
+            "left_out": len(frozen.tasks) - len(kept),
+        },
+        "runnable": {w: dict(sorted(rows.items())) for w, rows in runnable.items()},
+        "reasons": {
+            w: dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) for w, c in counts.items()
+        },
+        "per_task": dict(sorted(per_task.items())),
+    }
+    return Frozen(kept, frozen.duplicates, frozen.from_dir, list(frozen.tasks), selection)
 
 
 def write(frozen: Frozen, tasks_out: Path, sources_out: Path | None, report_out: Path) -> None:
@@ -232,8 +446,9 @@ def write(frozen: Frozen, tasks_out: Path, sources_out: Path | None, report_out:
         if sources_out is not None:
             if sources_out.exists():
                 shutil.rmtree(sources_out)
-            for t in frozen.tasks:
-                copy = sources_out / "examples" / t.task["domain"] / f"{t.task['id']}.json"
+            for t in frozen.loaded if frozen.loaded is not None else frozen.tasks:
+                name = t.task.get("source_id", t.task["id"])
+                copy = sources_out / "examples" / t.task["domain"] / f"{name}.json"
                 copy.parent.mkdir(parents=True, exist_ok=True)
                 copy.write_bytes(t.raw)
         write_jsonl(tasks_out, [t.task for t in frozen.tasks])
@@ -243,8 +458,12 @@ def write(frozen: Frozen, tasks_out: Path, sources_out: Path | None, report_out:
 
 
 def original(task: Mapping) -> dict:
-    """A frozen task as its file had it (the fields the freeze added taken out)."""
-    return {k: v for k, v in task.items() if k not in ADDED}
+    """A frozen task as its file had it (the fields the freeze added taken out, a default it
+    filled in removed, the id its file gave it)."""
+    out = {k: v for k, v in task.items() if k not in ADDED and k not in task.get("defaulted", ())}
+    if "source_id" in task:
+        out["id"] = task["source_id"]
+    return out
 
 
 def domains(tasks: Iterable[Mapping]) -> list[str]:
@@ -265,29 +484,43 @@ def main(argv: list[str] | None = None) -> int:
         choices=["xdesktop"],
         help="refuse a task this environment cannot set up or score (the real X desktop)",
     )
+    p.add_argument(
+        "--select",
+        type=json.loads,
+        help="the registered rule choosing the frozen subset, JSON: {domains: [...], runnable: "
+        "true} (config tasks.osworld.select; see `select`)",
+    )
     args = p.parse_args(argv)
+    # Without a rule every task must load and be scorable, as before rules existed: the first
+    # malformed file, or every task no verifier may score, refuses the freeze.
+    strict = args.select is None
     try:
-        frozen = load_dir(args.dir, args.index) if args.dir else load_jsonl(args.jsonl)
+        if args.dir:
+            frozen = load_dir(args.dir, args.index, strict=strict)
+        else:
+            frozen = load_jsonl(args.jsonl, strict=strict)
+        frozen = select(frozen, args.select, args.runnable)
+    except Unselectable as e:
+        for line in [*e.lines, e.summary]:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     except (Refusal, OSError) as e:
-        return refused(e)
-    if args.runnable == "xdesktop":
-        from envab.envs.xdesktop.evaluate import unavailable  # the X desktop's routes, getters
-
-        unrunnable = [(t, gaps) for t in frozen.tasks if (gaps := unavailable(t.task))]
-        for t, gaps in unrunnable:
-            print(f"error: {t.origin}: task {t.task['id']}: {'; '.join(gaps)}", file=sys.stderr)
-        if unrunnable:
-            print(f"error: {len(unrunnable)} of {len(frozen.tasks)} tasks cannot run on the X "
-                  "desktop; nothing written", file=sys.stderr)  # fmt: skip
-            return 2
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     write(frozen, args.tasks, args.sources if args.dir else None, args.report)
     report = frozen.report()
-    dup = (
-        f"; {len(frozen.duplicates)} ids named by two domains, kept once"
-        if frozen.duplicates
+    once = sum("kept" in d for d in frozen.duplicates)
+    renamed = len(frozen.duplicates) - once
+    dup = f"; {once} ids named by two domains, kept once" if once else ""
+    dup += f"; {renamed} ids with two contents, kept as <domain>.<id>" if renamed else ""
+    left = report["selection"]["left_out"]
+    out = (
+        f"; {left} of {report['loaded']} left out by the rule, reasons in the report"
+        if left
         else ""
     )
-    print(f"tasks: {report['tasks']} frozen, per domain {report['per_domain']}{dup}")
+    print(f"tasks: {report['tasks']} frozen, per domain {report['per_domain']}{dup}{out}")
     return 0
 
 

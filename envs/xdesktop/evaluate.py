@@ -122,32 +122,84 @@ def _getter(config: Mapping):
     return load("getters", f"get_{kind}")
 
 
-def unavailable(task: Mapping) -> list[str]:
-    """What in `task` this desktop cannot run or score (a set-up step it has no route for, a
-    getter it does not serve, a metric whose module cannot load here), one item each: the
-    freeze refuses such a task (`python -m envab.envs.tasks.osworld --runnable xdesktop`)."""
+# OSWorld's `related_apps` names (as its task files spell them) -> the application each needs.
+# This image (image.PACKAGES) has a terminal (st), mousepad and gnumeric; "os" and "terminal"
+# are the desktop itself. A name not listed here is an application this image is not known to
+# have, so a task naming it is not runnable (`app:<name>`), rather than assumed to be.
+APP_OF = {
+    **dict.fromkeys(("libreoffice_calc", "libreoffice calc", "calc", "libreoffice_writer",
+                     "libreoffice writer", "writer", "libreoffice_impress",
+                     "libreoffice impress", "impress"), "libreoffice"),
+    **dict.fromkeys(("chrome", "google chrome", "browser", "chromium"), "chrome"),
+    **dict.fromkeys(("vscode", "vs_code", "vs code"), "vscode"),
+    **{name: name for name in ("gimp", "vlc", "thunderbird")},
+    **dict.fromkeys(("os", "terminal", "st"), None),
+    **{name: name for name in ("mousepad", "gnumeric")},
+}  # fmt: skip
+APPS_HERE = frozenset({"mousepad", "gnumeric"})
+
+
+def apps_missing(task: Mapping) -> list[str]:
+    """The applications `task` names (`related_apps`) that this desktop's image does not have."""
+    apps = task.get("related_apps") or []
+    needed = {APP_OF.get(a.strip().lower(), a.strip().lower()) for a in apps if isinstance(a, str)}
+    return sorted(a for a in needed if a is not None and a not in APPS_HERE)
+
+
+def blockers(task: Mapping) -> list[tuple[str, str]]:
+    """What in `task` this desktop cannot run or score, one (reason, detail) item each: a
+    set-up step it has no route for (`setup:<type>`, `postconfig:<type>`), a metric whose
+    module cannot load here (`metric:<name>`), a getter it does not serve (`getter:<type>`),
+    an infeasible task (`infeasible`), an application its image lacks (`app:<name>`)."""
     ev = task.get("evaluator") or {}
     gaps = []
-    for where, steps in (("config", task.get("config")), ("postconfig", ev.get("postconfig"))):
+    for where, name, steps in (
+        ("config", "setup", task.get("config")),
+        ("postconfig", "postconfig", ev.get("postconfig")),
+    ):
         for step in steps or []:
             if step.get("type") not in (*SETUP_STEPS, "screen"):
-                gaps.append(f"{where} step {step.get('type')!r} has no route on this desktop")
+                gaps.append(
+                    (
+                        f"{name}:{step.get('type')}",
+                        f"{where} step {step.get('type')!r} has no route on this desktop",
+                    )
+                )
     funcs = ev.get("func")
     for func in funcs if isinstance(funcs, list) else [funcs]:
         if func == INFEASIBLE:
-            gaps.append("an infeasible task is scored from the agent's last action, not here yet")
+            gaps.append(
+                (
+                    INFEASIBLE,
+                    "an infeasible task is scored from the agent's last action, not here yet",
+                )
+            )
             continue
         try:
             load("metrics", func)
         except Unavailable as e:
-            gaps.append(str(e))
+            gaps.append((f"metric:{func}", str(e)))
     for key in ("result", "expected"):
         value = ev.get(key)
         for getter in value if isinstance(value, list) else [value]:
             if isinstance(getter, Mapping) and getter.get("type") not in SERVED_GETTERS:
-                gaps.append(f"{key} getter {getter.get('type')!r} reads what this desktop does "
-                            "not serve")  # fmt: skip
+                gaps.append(
+                    (
+                        f"getter:{getter.get('type')}",
+                        f"{key} getter {getter.get('type')!r} reads what this desktop does "
+                        "not serve",
+                    )
+                )
+    for app in apps_missing(task):
+        gaps.append((f"app:{app}", f"application {app!r} (related_apps) is not in this image"))
     return gaps
+
+
+def unavailable(task: Mapping) -> list[str]:
+    """What in `task` this desktop cannot run or score (`blockers`), one readable item each:
+    the freeze refuses such a task (`python -m envab.envs.tasks.osworld --runnable xdesktop`),
+    or leaves it out under a registered rule that selects runnable tasks only."""
+    return [detail for _, detail in blockers(task)]
 
 
 def evaluate(evaluator: Mapping, http: Http, postconfig: Callable[[list], None]) -> float:

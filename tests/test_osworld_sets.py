@@ -1,0 +1,255 @@
+"""A whole OSWorld task set loads: what a task file leaves out takes OSWorld's meaning, every task
+gets a per-task report (runnable on the X desktop, or why not, by named reasons), and a
+registered rule (config `tasks.osworld.select`) chooses the frozen subset instead of the loader
+stopping at the first task it cannot run. The sets here are written by the tests in OSWorld's
+shape; the last test runs on OSWorld's own `evaluation_examples` when ENVAB_OSWORLD_EXAMPLES
+names that folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envab.envs.tasks.osworld import (
+    TaskSourceError,
+    check_rule,
+    load_dir,
+    load_jsonl,
+    original,
+    select,
+)
+
+DESKTOP_CHECK = {  # what OSWorld's os tasks score with, all of it served by the X desktop
+    "func": "exact_match",
+    "result": {"type": "vm_command_line", "command": "cat /root/out.txt"},
+    "expected": {"type": "rule", "rules": {"expected": "done"}},
+}
+DOWNLOAD = {
+    "type": "download",
+    "parameters": {"files": [{"url": "http://127.0.0.1:9/notes.docx", "path": "/root/n.docx"}]},
+}
+
+
+def task(tid: str, **fields) -> dict:
+    return {"id": tid, "instruction": f"Do {tid}.", "config": [], "evaluator": DESKTOP_CHECK,
+            **fields}  # fmt: skip
+
+
+# domain -> tasks; `None` for the field a file leaves out
+SET = {
+    "os": [
+        task("plain-1", config=[{"type": "execute", "parameters": {"command": ["true"]}}]),
+        {
+            "id": "infeasible-1",
+            "instruction": "Do the impossible.",
+            "evaluator": {"func": "infeasible"},
+        },  # fmt: skip
+        task("download-1", config=[DOWNLOAD]),
+        task("unsafe-1", evaluator={**DESKTOP_CHECK, "func": "check_gnome_favorite_apps"}),
+    ],
+    "chrome": [task("shared-1", related_apps=["chrome"])],
+    "thunderbird": [task("shared-1", instruction="Another task.", related_apps=["thunderbird"])],
+}
+
+
+def write_set(root: Path, tasks: dict = SET, listing: dict | None = None) -> Path:
+    for domain, items in tasks.items():
+        for t in items:
+            path = root / "examples" / domain / f"{t['id']}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(t, indent=2))
+    listing = listing or {d: [t["id"] for t in items] for d, items in tasks.items()}
+    (root / "test_all.json").write_text(json.dumps(listing))
+    return root
+
+
+def freeze(root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(root),
+         "--index", str(root / "test_all.json"), "--tasks", str(out / "tasks.jsonl"),
+         "--sources", str(out / "sources"), "--report", str(out / "index.json"), *extra],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_unless_the_rule_says_runnable_only_every_task_it_cannot_score_is_named(tmp_path):
+    root = write_set(tmp_path / "set")
+    with pytest.raises(TaskSourceError, match=r"is also examples/chrome/shared-1.json"):
+        load_dir(root, root / "test_all.json")  # no rule: as before rules, refused
+    result = freeze(root, tmp_path / "out")
+    assert result.returncode == 2 and "is also examples/chrome/shared-1.json" in result.stderr
+    rule = {"runnable": False}
+    result = freeze(root, tmp_path / "out", "--select", json.dumps(rule))
+    assert result.returncode == 2 and not (tmp_path / "out" / "tasks.jsonl").exists()
+    errors = result.stderr.splitlines()
+    assert errors == [
+        "error: examples/os/unsafe-1.json: task unsafe-1: metric 'check_gnome_favorite_apps' "
+        "runs code on the host (eval)",
+        "error: 1 of 6 tasks cannot be scored here; nothing written (a registered rule, "
+        "tasks.osworld.select: {runnable: true}, leaves them out and reports why)",
+    ]
+    result = freeze(root, tmp_path / "out", "--select", "{}", "--runnable", "xdesktop")
+    assert result.returncode == 2
+    assert "cannot run on the X desktop; nothing written" in result.stderr.splitlines()[-1]
+    for named in (
+        "download-1.json: task download-1: config step 'download' has no route",
+        "infeasible-1.json: task infeasible-1: an infeasible task is scored",
+        "unsafe-1.json: task unsafe-1: metric 'check_gnome_favorite_apps' runs code",
+    ):
+        assert named in result.stderr
+
+
+def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out(tmp_path):
+    root = write_set(tmp_path / "set")
+    rule = json.dumps({"runnable": True})
+    out = [tmp_path / "a", tmp_path / "b"]
+    for o in out:
+        result = freeze(root, o, "--select", rule, "--runnable", "xdesktop")
+        assert result.returncode == 0, result.stderr
+    for name in ("tasks.jsonl", "index.json"):  # byte for byte, freeze after freeze
+        assert (out[0] / name).read_bytes() == (out[1] / name).read_bytes()
+    frozen = [json.loads(line) for line in (out[0] / "tasks.jsonl").read_text().splitlines()]
+    assert [t["id"] for t in frozen] == ["plain-1"]
+    report = json.loads((out[0] / "index.json").read_text())
+    assert report["loaded"] == 6 and report["tasks"] == 1
+    assert report["selection"] == {
+        "rule": {"runnable": True}, "world": "xdesktop", "selected": 1, "left_out": 5,
+    }  # fmt: skip
+    reasons = {key: row["reasons"]["xdesktop"] for key, row in report["per_task"].items()}
+    assert reasons == {
+        "chrome/shared-1": ["app:chrome"],
+        "os/download-1": ["setup:download"],
+        "os/infeasible-1": ["infeasible"],
+        "os/plain-1": [],
+        "os/unsafe-1": ["unsafe:metric:check_gnome_favorite_apps"],
+        "thunderbird/shared-1": ["app:thunderbird"],
+    }
+    assert not report["per_task"]["os/unsafe-1"]["selected"]  # never, whatever the rule
+    assert report["runnable"]["xdesktop"]["os"] == {"runnable": 1, "total": 4}
+    assert report["per_task"]["chrome/shared-1"]["domain"] == "chrome"
+    assert report["per_task"]["chrome/shared-1"]["id"] == "chrome.shared-1"
+    assert report["reasons"]["xdesktop"]["setup:download"] == 1
+    # every file is kept byte for byte, the ones the rule left out too
+    copies = sorted(str(p.relative_to(out[0] / "sources")) for p in out[0].rglob("*.json")
+                    if "sources" in p.parts)  # fmt: skip
+    assert copies == sorted(str(p.relative_to(root)) for p in root.glob("examples/*/*.json"))
+
+
+def test_a_file_without_config_has_no_set_up_and_one_id_with_two_contents_is_two_tasks(tmp_path):
+    root = write_set(tmp_path / "set")
+    frozen = load_dir(root, root / "test_all.json", strict=False)
+    by_id = {t.task["id"]: t for t in frozen.tasks}
+    infeasible = by_id["infeasible-1"].task
+    assert infeasible["config"] == [] and infeasible["defaulted"] == ["config"]
+    assert original(infeasible) == json.loads((root / "examples/os/infeasible-1.json").read_text())
+    # OSWorld names a task by domain and id: each content keeps its file's id in source_id
+    assert {"chrome.shared-1", "thunderbird.shared-1"} <= set(by_id) and "shared-1" not in by_id
+    assert original(by_id["thunderbird.shared-1"].task)["id"] == "shared-1"
+    renamed = ["chrome.shared-1", "thunderbird.shared-1"]
+    assert {"id": "shared-1", "domains": ["chrome", "thunderbird"], "renamed": renamed} in (
+        frozen.duplicates
+    )
+    chosen = select(frozen, {"domains": ["chrome", "thunderbird"]})
+    assert [t.task["id"] for t in chosen.tasks] == ["chrome.shared-1", "thunderbird.shared-1"]
+    with pytest.raises(TaskSourceError, match=r"select.domains: \['vlc'\] not in the task set"):
+        select(frozen, {"domains": ["vlc"]})
+    for bad in ({"domain": ["os"]}, {"domains": []}, {"runnable": "yes"}, ["os"]):
+        with pytest.raises(TaskSourceError, match="select"):
+            check_rule(bad)
+
+
+@pytest.mark.parametrize(
+    ("listing", "named"),
+    [
+        ({"os": ["plain-1", "../x"]}, "id '../x' is not a plain name"),
+        ({"os/../chrome": ["plain-1"]}, "domain 'os/../chrome' is not a plain name"),
+        ({"chrome/extra": ["plain-1"]}, "domain 'chrome/extra' is not a plain name"),
+        ({"os": [""]}, "id '' is not a plain name"),
+        ({"..": ["plain-1"]}, "domain '..' is not a plain name"),
+    ],
+    ids=["id ../x", "domain with ..", "domain with a slash", "empty id", "domain .."],
+)
+def test_an_id_or_domain_that_is_not_a_plain_name_is_refused_with_the_file(
+    tmp_path, listing, named
+):
+    root = write_set(tmp_path / "set", listing=listing)
+    for strict in (True, False):
+        with pytest.raises(TaskSourceError) as refused:
+            load_dir(root, root / "test_all.json", strict=strict)
+        assert str(refused.value) == f"{root / 'test_all.json'}: {named} " + (
+            "(no path separator, not empty, . or ..)"
+        )
+    result = freeze(root, tmp_path / "out", "--select", '{"runnable": true}')
+    assert result.returncode == 2 and named in result.stderr
+
+
+def test_a_task_id_that_is_not_a_plain_name_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(task("ok")) + "\n" + json.dumps(task("../x")) + "\n")
+    with pytest.raises(TaskSourceError, match=r"^tasks.jsonl:2: id '../x' is not a plain name"):
+        load_jsonl(path)
+    path.write_text(json.dumps({k: v for k, v in task("ok").items() if k != "config"}) + "\n")
+    with pytest.raises(TaskSourceError, match=r"^tasks.jsonl:1: task ok: .* must name its set-up"):
+        load_jsonl(path)  # kept line for line: a line says its set-up itself
+
+
+REAL = os.environ.get("ENVAB_OSWORLD_EXAMPLES")
+
+
+@pytest.mark.skipif(
+    not REAL,
+    reason="ENVAB_OSWORLD_EXAMPLES does not name an OSWorld evaluation_examples folder "
+    "(with test_all.json), so OSWorld's own task set is not tried here",
+)
+def test_every_official_task_loads_and_the_report_names_why_each_other_one_is_out(tmp_path):
+    root = Path(REAL)
+    listing = json.loads((root / "test_all.json").read_text())
+    entries = {(d, i) for d, ids in listing.items() for i in ids}
+    out = [tmp_path / "a", tmp_path / "b"]
+    for o in out:
+        result = freeze(root, o, "--select", '{"runnable": true}', "--runnable", "xdesktop")
+        assert result.returncode == 0, result.stderr
+    for name in ("tasks.jsonl", "index.json"):
+        assert (out[0] / name).read_bytes() == (out[1] / name).read_bytes()
+    report = json.loads((out[0] / "index.json").read_text())
+    assert set(report["per_task"]) == {f"{d}/{i}" for d, i in entries}  # every task, reported
+    assert report["tasks"] >= 1
+    for key, row in report["per_task"].items():
+        reasons = row["reasons"]["xdesktop"]
+        assert row["selected"] == (not reasons), key  # out only with a named reason
+        assert all(":" in r or r == "infeasible" for r in reasons), key
+    unsafe = [k for k, r in report["per_task"].items() if any(
+        x.startswith("unsafe:") for x in r["reasons"]["xdesktop"])]  # fmt: skip
+    assert unsafe and not any(report["per_task"][k]["selected"] for k in unsafe)
+
+
+def test_the_workflow_freezes_what_the_registered_rule_selects(workflow):
+    """With an arm on the X desktop and `select: {runnable: true}`, the fixture set freezes the
+    tasks that desktop can run; the split receipt records the rule and what it left out."""
+    import shutil
+
+    fixture = Path(__file__).parent / "fixtures" / "osworld"
+    shutil.copytree(fixture, workflow.root / "osworld")
+
+    def config(c):
+        c["tasks"] = {"osworld": {"dir": "osworld", "index": "osworld/test_all.json",
+                                  "select": {"runnable": True}}}  # fmt: skip
+        c["split"].update(stratify="domain", heldout_fraction=0.25)
+        c["arms"]["drums"]["world"] = "xdesktop"
+        c["training"]["sft"]["enabled"] = False  # no oracle demonstrations in this set
+
+    workflow.edit_config(config)
+    result = workflow.snakemake("--until", "split")
+    assert result.returncode == 0, result.stderr[-3000:]
+    exp = "embedded-default-v8"
+    receipt = json.loads((workflow.root / "receipts" / exp / "split.json").read_text())
+    selection = receipt["predicate"]["selection"]
+    assert selection == {"rule": {"runnable": True}, "world": "xdesktop", "selected": 4,
+                         "left_out": 7, "loaded": 11}  # fmt: skip
+    assert receipt["predicate"]["tasks"] == 4
+    assert any(s["name"].endswith("tasks/index.json") for s in receipt["subject"])
