@@ -129,12 +129,15 @@ def _checkpoint_files(records: Path, root: Path, receipt: str, digests: Digests)
 
 def verify_dir(receipts: str | Path, root: str | Path = ".", public_key=None) -> list[Check]:
     """Every check for every receipt in the folder `receipts` (paths inside are relative to
-    `root`). The freeze's receipts must be there: a deleted one is MISSING, not unnoticed."""
+    `root`). What the freeze must have written is there or MISSING, not unnoticed: the
+    pre-registration's receipt always, and all four freeze receipts once anything later is."""
     receipts = Path(receipts)
     files = sorted(receipts.glob("*.json"))
     if not files:
         return [Check("MISSING", receipts.as_posix(), receipts.as_posix(), "receipt")]
-    absent = [receipts / name for name in FREEZE_RECEIPTS if not (receipts / name).is_file()]
+    later = any(f.name not in FREEZE_RECEIPTS for f in files)
+    required = FREEZE_RECEIPTS if later else FREEZE_RECEIPTS[:1]
+    absent = [receipts / name for name in required if not (receipts / name).is_file()]
     return verify_receipts([*absent, *files], root, public_key=public_key)
 
 
