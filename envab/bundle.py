@@ -6,10 +6,11 @@
 
 Copies `receipts/<experiment>/` and every file its receipts name (subjects, what they depend
 on, and each checkpoint file a checkpoints.jsonl lists) under `--out`, at the same relative
-paths, so the receipts verify there as they do in the run's folder. Model weights and any file
-over `--max-file-kib` are left out: their paths, digests and sizes go to `not-shipped.json`, which
-`verify` reads to say NOT SHIPPED for each (never a silent pass, never a failure for what was
-deliberately left out).
+paths, so the receipts verify there as they do in the run's folder. Model weights, any file over
+`--max-file-kib` and files outside the run's folder (a small run's code, `../trainer/...`, held by
+the commit its code receipt records) are left out: their paths, digests and sizes go to
+`not-shipped.json`, which `verify` reads to say NOT SHIPPED for each (never a silent pass, never a
+failure for what was deliberately left out).
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def bundle(experiment: str, out: Path, root: Path = Path("."), max_file_kib: int
     for relative, digest in sorted(named_files(receipts, root).items()):
         source = root / relative
         if Path(relative).is_absolute() or ".." in Path(relative).parts:
-            raise Refusal(f"{receipts}: a receipt names {relative!r}, outside the run's folder")
+            # Outside the run's folder: the code a small run's receipts name (../trainer/...),
+            # which the commit the code receipt records holds. Its digest is kept.
+            left_out[relative] = {"sha256": digest, "bytes": None, "outside_the_run": True}
+            continue
         if not source.is_file():
             continue  # verify reports it MISSING in the bundle as in the run
         size = source.stat().st_size

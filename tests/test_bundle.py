@@ -81,3 +81,15 @@ def test_a_tampered_or_deleted_file_in_a_bundle_still_fails(tmp_path):
         entry["sha256"] = "0" * 64
     (out / "not-shipped.json").write_text(json.dumps(kept))
     assert "NOT SHIPPED" not in statuses(verify.verify_dir(out / "receipts" / EXP, out)).values()
+
+
+def test_the_shipped_bundle_verifies_from_a_clone(capsys):
+    """docs/results/test-small-v1: the small run whose digests .test/digests.yaml records."""
+    shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / "test-small-v1"
+    receipts = shipped / "receipts" / "test-small-v1"
+    assert verify.main([str(receipts), "--root", str(shipped)]) == 0
+    printed = capsys.readouterr().out
+    assert " 0 failed" in printed and "not shipped (digest only)" in printed
+    checks = verify.verify_dir(receipts, shipped)
+    weights = [c for c in checks if c.path.endswith("model.safetensors")]
+    assert weights and {c.status for c in weights} == {"NOT SHIPPED"}
