@@ -7,7 +7,7 @@ import json
 import pytest
 
 from envab import verify
-from envab.receipts import subject, write_receipt
+from envab.receipts import FREEZE_RECEIPTS, subject, write_receipt
 
 
 @pytest.fixture
@@ -18,6 +18,8 @@ def frozen(tmp_path, monkeypatch):
     (tmp_path / "data" / "a.txt").write_text("alpha\n")
     (tmp_path / "data" / "b.txt").write_text("beta\n")
     receipts = tmp_path / "receipts" / "exp"
+    for name in FREEZE_RECEIPTS:  # what every experiment's folder holds (verify requires them)
+        write_receipt(receipts / name, "freeze", [], {})
     write_receipt(receipts / "base.json", "base", [subject("data/a.txt")], {"note": "first"})
     write_receipt(
         receipts / "next.json",
@@ -43,9 +45,9 @@ def flip_byte(path, offset: int = 0) -> None:
 def test_clean_receipts_verify(frozen, capsys):
     code, lines = statuses(capsys)
     assert code == 0
-    # two receipts themselves, their two subjects, one dependency
-    assert sum(line.startswith("ok ") for line in lines) == 5
-    assert lines[-1] == "verify: 5 ok, 0 failed"
+    # the four freeze receipts, two receipts themselves, their two subjects, one dependency
+    assert sum(line.startswith("ok ") for line in lines) == 9
+    assert lines[-1].startswith("verify: 9 ok, 0 failed")
 
 
 def test_flipped_subject_byte_is_a_named_mismatch(frozen, capsys):
@@ -102,6 +104,8 @@ def test_a_flipped_byte_in_a_checkpoint_file_is_named(tmp_path, monkeypatch, cap
     line = {"checkpoint": "valid-000016", "files": {"model.safetensors": digest}}
     (run / "checkpoints.jsonl").write_text(json.dumps(line) + "\n")
     receipt = tmp_path / "receipts" / "exp" / "outcome.json"
+    for name in FREEZE_RECEIPTS:
+        write_receipt(receipt.parent / name, "freeze", [], {})
     write_receipt(receipt, "outcome", [subject("results/run/checkpoints.jsonl")], {})
     weights_name = "results/run/checkpoints/valid-000016/model.safetensors"
     code, lines = statuses(capsys)
