@@ -135,6 +135,16 @@ def test_twenty_restores_each_give_back_the_saved_desktop(pool, taskset):
         assert dirty["state_sha256"] != pool.guest.blank_state_sha256
 
 
+@needs_qemu
+def test_the_qemu_process_runs_under_its_seccomp_filter(pool):
+    """QEMU runs the guest's code: a device-emulation escape must land in a process that cannot
+    start programs or raise its privileges (envs/qemu/vm.py HOST_SANDBOX)."""
+    status = Path(f"/proc/{pool.slots[0].vm.proc.pid}/status").read_text()
+    seccomp = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert seccomp["Seccomp"].strip() == "2", "QEMU runs without a seccomp filter"
+    assert seccomp["NoNewPrivs"].strip() == "1"
+
+
 def guest_shell(vm, line: str, timeout: float = 20.0) -> str:
     """Run `line` in the guest through qemu-guest-agent's guest-exec; its stdout."""
     agent = vm.guest_agent

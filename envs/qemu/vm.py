@@ -52,6 +52,14 @@ def kernel_args(accel: str) -> str:
 
 
 LAUNCH_TIMEOUT_S = 60.0
+# QEMU's own seccomp filter: the process that runs the guest's (untrusted) code cannot start
+# programs, raise its privileges, change its scheduling or call obsolete system calls, so a
+# device-emulation escape lands in a process that can do little on the host. It shapes the
+# host process, not the VM, so it stays out of VMSpec.definition (what a snapshot is bound to).
+HOST_SANDBOX = [
+    "-sandbox",
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+]
 MONITOR_TIMEOUT_S = 120.0  # savevm and loadvm included
 
 
@@ -224,7 +232,7 @@ class VM:
         """Start QEMU (paused on `loadvm` when given) and connect the monitor and the agent."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remove_sockets(self.run_dir)  # a previous QEMU's sockets would look like ours
-        args = self.spec.args(self.warm, self.run_dir)
+        args = self.spec.args(self.warm, self.run_dir) + HOST_SANDBOX
         if loadvm:
             args += ["-loadvm", loadvm]
         log = open(self.run_dir / "qemu.log", "ab")  # noqa: SIM115 - lives as long as QEMU
