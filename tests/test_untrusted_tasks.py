@@ -63,3 +63,33 @@ def test_a_getter_dest_outside_the_cache_is_refused(tmp_path, dest):
 def test_bare_file_names():
     assert bare_file_name("plants.txt") and bare_file_name(".hidden")
     assert not any(bare_file_name(n) for n in ("x/../y", "..", "C:\\x", "a\0b", None))
+
+
+@pytest.mark.parametrize(
+    "screen",
+    [
+        {"width": 100_000, "height": 100_000},  # a display and a template the host cannot hold
+        {"width": 1920.5, "height": 1080},
+        {"width": "1920", "height": 1080},
+        {"width": -1, "height": 1080},
+        {"width": 1920},
+    ],
+)
+def test_a_screen_size_out_of_bounds_is_refused_at_freeze_and_by_the_host(tmp_path, screen):
+    from envab.envs.xdesktop.evaluate import screen_of
+
+    task = copy.deepcopy(json.loads(TASK.read_text()))
+    task["config"] = [{"type": "screen", "parameters": screen}, *task.get("config", [])]
+    with pytest.raises(TaskSourceError, match=f"task {task['id']}: config: screen"):
+        freeze(tmp_path, task)
+    with pytest.raises(ValueError, match="not whole pixels within 64x64 to 3840x2160"):
+        screen_of(task["config"])
+
+
+def test_a_screen_size_within_bounds_freezes(tmp_path):
+    from envab.envs.xdesktop.evaluate import screen_of
+
+    task = copy.deepcopy(json.loads(TASK.read_text()))
+    task["config"] = [{"type": "screen", "parameters": {"width": 1920, "height": 1080}}]
+    assert len(freeze(tmp_path, task).tasks) == 1
+    assert screen_of(task["config"]) == (1920, 1080)

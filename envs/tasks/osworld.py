@@ -130,6 +130,12 @@ def check_task(task: Any) -> dict:
         raise TaskSourceError(f"task {tid}: 'instruction' must be a non-empty string")
     if "config" in task:  # absent: no set-up (DEFAULTS)
         _steps(task["config"], f"task {tid}: config")
+        from envab.envs.xdesktop.evaluate import screen_of  # the bounds a host will hold it to
+
+        try:
+            screen_of(task["config"])
+        except ValueError as e:
+            raise TaskSourceError(f"task {tid}: config: {e}") from None
     ev = task.get("evaluator")
     if not isinstance(ev, Mapping):
         raise TaskSourceError(f"task {tid}: 'evaluator' must be an object")

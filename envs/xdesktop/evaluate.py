@@ -43,6 +43,10 @@ SERVED_GETTERS = {
     "vm_screen_size": "/screen_size",
 }
 DEFAULT_SCREEN = (1024, 768)
+# A task names its screen, and each size a host has not seen costs a display and a template: a
+# task file is untrusted, so the sizes it may ask for are bounded (4K at most; the smallest the
+# Pillow desktop draws, so one freeze-time check holds for both worlds' tasks).
+MIN_SCREEN, MAX_SCREEN = (64, 64), (3840, 2160)
 
 Http = Callable[[str, str, str, bytes], Mapping]  # (method, path, content type, body) -> reply
 
@@ -57,7 +61,16 @@ def screen_of(config: list) -> tuple[int, int]:
     for step in config:
         if step.get("type") == "screen":
             p = step.get("parameters") or {}
-            return int(p["width"]), int(p["height"])
+            size = p.get("width"), p.get("height")
+            if not all(type(side) is int for side in size) or not (
+                MIN_SCREEN[0] <= size[0] <= MAX_SCREEN[0]
+                and MIN_SCREEN[1] <= size[1] <= MAX_SCREEN[1]
+            ):
+                raise ValueError(
+                    f"screen {size[0]!r}x{size[1]!r} is not whole pixels within "
+                    f"{MIN_SCREEN[0]}x{MIN_SCREEN[1]} to {MAX_SCREEN[0]}x{MAX_SCREEN[1]}"
+                )
+            return size
     return DEFAULT_SCREEN
 
 
