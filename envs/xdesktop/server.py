@@ -52,6 +52,9 @@ SETTLE_S = 1.0  # the longest a step waits for the screen to stop changing
 WINDOW_WAIT_S = 300.0
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 64 * 2**20  # as envs/host/channel.py: an answer past it is refused, not sent
+# What a getter may read back: a file whose bytes fit a frame, a listing a metric can walk.
+MAX_FILE = 32 * 2**20
+MAX_LISTED, MAX_DEPTH = 10_000, 32
 
 
 def encode(message) -> bytes:
@@ -281,18 +284,27 @@ class Routes:
         path = Path(data["file_path"]).expanduser()
         if not path.is_file():
             return 404, "application/json", {"error": f"no file {path}"}
-        return 200, "application/octet-stream", path.read_bytes()
+        with path.open("rb") as f:  # read at most one byte past the limit, whatever the file
+            content = f.read(MAX_FILE + 1)
+        if len(content) > MAX_FILE:
+            return 413, "application/json", {"error": f"{path} is over {MAX_FILE} bytes"}
+        return 200, "application/octet-stream", content
 
     def r_list_directory(self, method, data):
         root = Path(data["path"]).expanduser()
+        seen = 0
 
-        def tree(p: Path) -> dict:
+        def tree(p: Path, depth: int) -> dict:
+            nonlocal seen
+            seen += 1
+            if seen > MAX_LISTED or depth > MAX_DEPTH:  # a link loop or a huge tree
+                raise ValueError(f"{root} lists over {MAX_LISTED} entries or {MAX_DEPTH} levels")
             node = {"name": p.name, "type": "directory" if p.is_dir() else "file"}
-            if p.is_dir():
-                node["children"] = [tree(c) for c in sorted(p.iterdir())]
+            if p.is_dir() and not p.is_symlink():
+                node["children"] = [tree(c, depth + 1) for c in sorted(p.iterdir())]
             return node
 
-        return 200, "", tree(root)
+        return 200, "", tree(root, 0)
 
 
 def _window(name: str, by_class: bool = False, visible: bool = True) -> list[str]:

@@ -1,0 +1,47 @@
+"""The X desktop's in-environment server reads back what a getter asks for within bounds: a file
+past MAX_FILE or a listing past MAX_LISTED entries (a link loop, a huge tree) is a named error
+answer, not a whole-disk read or a crash. Its routes run here on real files, without a display."""
+
+from __future__ import annotations
+
+import json
+
+from envab.envs.xdesktop import server
+
+
+def ask(route: str, **data):
+    routes = server.Routes(display=None)  # /file and /list_directory never touch the display
+    status, kind, body = routes.handle("POST", route, "application/json", json.dumps(data).encode())
+    return status, body
+
+
+def test_a_file_within_the_limit_is_read_back_whole(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"x" * 1000)
+    assert ask("/file", file_path=str(path)) == (200, b"x" * 1000)
+
+
+def test_a_file_over_the_limit_is_refused_by_name(tmp_path):
+    path = tmp_path / "big.bin"
+    with path.open("wb") as f:  # sparse: its size, not its bytes, is what the server must check
+        f.truncate(server.MAX_FILE + 1)
+    status, body = ask("/file", file_path=str(path))
+    assert status == 413
+    assert f"over {server.MAX_FILE} bytes" in json.loads(body)["error"]
+
+
+def test_a_listing_follows_no_link_and_stops_at_its_bound(tmp_path, monkeypatch):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("1")
+    (tmp_path / "d" / "loop").symlink_to(tmp_path / "d")  # a walk that follows it never ends
+    status, body = ask("/list_directory", path=str(tmp_path / "d"))
+    assert status == 200
+    listed = json.loads(body)
+    assert [c["name"] for c in listed["children"]] == ["f", "loop"]
+    assert "children" not in listed["children"][1]
+
+    for i in range(5):
+        (tmp_path / "d" / f"g{i}").write_text("")
+    monkeypatch.setattr(server, "MAX_LISTED", 4)
+    status, body = ask("/list_directory", path=str(tmp_path / "d"))
+    assert status == 400 and "over 4 entries" in json.loads(body)["error"]
