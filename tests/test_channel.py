@@ -110,3 +110,42 @@ def test_a_hostile_frame_quarantines_its_environment_with_a_gate(tmp_path):
     assert pool._call(env, ("step", {"action_type": "WAIT"}), 5, Gate.WORKER_ALIVE) is None
     assert env.failed_gates == [str(Gate.WORKER_ALIVE)]
     assert not planted.exists()
+
+
+PROBE = """
+import sys
+from envab.envs.xdesktop import server
+
+class Env:  # the operation an agent's command comes in by (/execute, a set-up step)
+    def op_command(self, line):
+        done = server.run(["sh", "-c", line], timeout=5)
+        return {"out": done.stdout, "code": done.returncode}
+
+server.serve_stdio(Env())
+"""
+
+
+def test_no_command_in_the_environment_inherits_the_hosts_channel():
+    """The server's channel is its stdin and stdout in a gVisor sandbox: a command the agent runs
+    must not read the host's next request (or answer in its place)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        host = PipeChannel(proc.stdout.fileno(), proc.stdin.fileno())
+        assert "pid" in host.recv(10.0)
+
+        def ask(line: str) -> dict:
+            host.send(["command", line])
+            return host.recv(10.0)
+
+        # With the channel as its stdin, `cat` would wait for (and swallow) the next frame.
+        assert ask("cat; echo read") == {"out": "read\n", "code": 0}
+        assert ask("readlink /proc/$$/fd/0") == {"out": "/dev/null\n", "code": 0}
+        assert ask("echo after") == {"out": "after\n", "code": 0}
+    finally:
+        proc.kill()
+        proc.wait()

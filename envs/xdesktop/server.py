@@ -505,10 +505,16 @@ class Environment:
 
 def serve_stdio(env: Environment) -> None:
     """The host's channel over fds 0 and 1 (a gVisor sandbox's standard input and output)."""
-    out = os.dup(1)
+    # Both ends move to fds no child inherits (os.dup's are not inheritable), and fds 0 and 1
+    # become /dev/null and stderr: a command the agent runs, or a task's set-up, must not read
+    # the host's requests or write frames of its own.
+    into, out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     os.dup2(2, 1)  # a stray print must not land in the channel
     sys.stdout = sys.stderr
-    serve_frames(env, 0, out, on_eof=lambda: os._exit(0))  # the host closed us
+    serve_frames(env, into, out, on_eof=lambda: os._exit(0))  # the host closed us
 
 
 def serve_port(env: Environment, name: str) -> None:
