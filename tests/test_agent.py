@@ -21,6 +21,7 @@ from trl.data_utils import prepare_multimodal_messages
 from envab.envs.arms import open_arm
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
+from envab.hashing import sha256_json
 from envab.trainer import agent
 from envab.trainer.accounting import Ledger, Prices
 from envab.trainer.environment import (
@@ -309,6 +310,33 @@ def test_oracle_through_the_tools_scores_1_and_is_recorded(
         (r["env"], r["parent"], r["valid"], r["score"], r["reward"], r["dropped"], r["trusted"])
         for r in record
     ] == [(x["env_id"], x["fork_parent"], True, x["score"], x["reward"], None, True) for x in lines]
+
+
+def test_each_attempt_records_the_digest_of_the_actions_it_sent(tmp_path, task_set):
+    """Same task, same actions: same actions_sha256 (what the reward-consistency check groups
+    by); a refused action was sent, so it counts; a call the tools refuse was never sent."""
+    tasks, solutions = task_set
+    task_id = sorted(tasks)[0]
+    run = make_run(tmp_path, LocalBackend(), {task_id: tasks[task_id]}, group=4)
+    cls = environment_class(COMPUTER_13)
+    envs = [cls(run) for _ in range(4)]
+    for env in envs:
+        env.reset(task_id=task_id)
+    oracle = solutions[task_id]["oracle"]
+    play(envs[0], task_id, oracle)
+    play(envs[1], task_id, oracle)
+    envs[2].click(x=-5, y=3)  # sent, and refused by the desktop
+    envs[3].click(x="left", y=3)  # refused by the tools: never reaches the environment
+    rewards = [env.get_reward() for env in envs]
+    lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    digests = [line["actions_sha256"] for line in lines]
+    sent = [COMPUTER_13.action_for(*agent.call_for(a, COMPUTER_13)) for a in oracle]
+    done = COMPUTER_13.action_for("done", {})
+    assert digests[0] == digests[1] == sha256_json([*sent, done])
+    assert rewards[0] == rewards[1] == 1.0
+    assert digests[2] == sha256_json([COMPUTER_13.action_for("click", {"x": -5, "y": 3})])
+    assert digests[3] == sha256_json([])
+    assert len(set(digests)) == 3
 
 
 PREFIX_ARMS = {

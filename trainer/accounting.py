@@ -48,6 +48,10 @@ class Attempt:
     audit_flags: tuple[str, ...] = ()
     sandbox: dict | None = None  # where the environment ran, as the host's audit says (gVisor)
     partial_score: float | None = None  # an OSWorld evaluator's fraction behind a 0 or 1 score
+    # sha256 of the canonical JSON of the actions sent to the environment, in order (a refused
+    # one included): in a deterministic environment one task played with the same actions gets
+    # the same reward, which analysis/reward_consistency.py checks without bit-determinism.
+    actions_sha256: str | None = None
 
     @property
     def valid(self) -> bool:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envab.envs.protocol import Gate, Session, Verification
+from envab.hashing import sha256_json
 from envab.receipts import utc_now
 from envab.trainer import agent
 from envab.trainer.accounting import Attempt, Ledger
@@ -113,6 +114,7 @@ class Episode:
     turns: int = 0
     actions: int = 0  # actions sent to the environment (a refused one included)
     refused: int = 0  # of them, those the environment refused (nothing changed)
+    sent: list[dict] = field(default_factory=list)  # the actions sent, for actions_sha256
     over: bool = False
     failed_gates: tuple[str, ...] = ()
 
@@ -167,6 +169,7 @@ class ArmEnvironment:
             return agent.tool_result(note=f"Refused: {e}")
         t0 = time.monotonic()
         ep.actions += 1
+        ep.sent.append(dict(action))
         moment("env_step")
         try:
             with self.run.times.span("environment"):
@@ -225,6 +228,7 @@ class ArmEnvironment:
             audit_flags=verification.audit_flags,
             sandbox=verification.audit.get("sandbox"),
             partial_score=verification.audit.get("partial_score"),
+            actions_sha256=sha256_json(ep.sent),
         )
         self.run.ledger.record(attempt, self.run.step)
         self.invalid = attempt.reward is None  # read by the trainer: masked out of the update
