@@ -4,11 +4,12 @@
     python -m envab.verify docs/results/embedded-default-v8/receipts/embedded-default-v8 \
         --root docs/results/embedded-default-v8
 
-Copies `receipts/<experiment>/` and every file its receipts name (subjects, what they depend
-on, and each checkpoint file a checkpoints.jsonl lists) under `--out`, at the same relative
-paths, so the receipts verify there as they do in the run's folder. Model weights, any file over
-`--max-file-kib` and files outside the run's folder (a small run's code, `../trainer/...`, held by
-the commit its code receipt records) are left out: their paths, digests and sizes go to
+Copies `receipts/<experiment>/` (with each receipt's signature and the freeze's anchor) and every
+file its receipts name (subjects, what they depend on, and each checkpoint file a
+checkpoints.jsonl lists) under `--out`, at the same relative paths, so the receipts verify there
+as they do in the run's folder. Model weights, any file over `--max-file-kib` and files outside
+the run's folder (a small run's code, `../trainer/...`, held by the commit its code receipt
+records) are left out: their paths, digests and sizes go to
 `not-shipped.json`, which `verify` reads to say NOT SHIPPED for each (never a silent pass, never a
 failure for what was deliberately left out).
 """
@@ -21,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from envab import anchor
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_json
 from envab.receipts import read_receipt
@@ -71,7 +73,14 @@ def bundle(experiment: str, out: Path, root: Path = Path("."), max_file_kib: int
         (out / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, out / relative)
         shipped += 1
-    for file in sorted(receipts.glob("*.json")):
+    # The receipts with their signatures, and the freeze's anchor (envab/anchor.py) where it
+    # lies inside the run's folder: verify checks the pre-registration's receipt against it.
+    files = [*sorted(receipts.glob("*.json")), *sorted(receipts.glob("*.json.sig"))]
+    prereg = receipts / "preregistration.json"
+    anchored = anchor.named_by(read_receipt(prereg)) if prereg.is_file() else None
+    if anchored and ".." not in Path(anchored).parts and (root / anchored).is_file():
+        files.append(root / anchored)
+    for file in files:
         (out / file.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(file, out / file.relative_to(root))
     atomic_write_json(out / NOT_SHIPPED, left_out)

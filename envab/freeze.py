@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from envab import codepins, preregistration, software
+from envab import anchor, codepins, preregistration, software
 from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
@@ -51,12 +51,15 @@ def setups_per_valid(arms: dict, num_generations: int) -> dict[str, float]:
 
 
 def cmd_target(args) -> None:
+    prereg = preregistration.Preregistration.load(args.target)
     if args.setups_per_valid:
         # a control sized past the budget is refused before anything is frozen
-        preregistration.Preregistration.load(args.target).check_budget_fit(
-            json.loads(args.setups_per_valid)
-        )
+        prereg.check_budget_fit(json.loads(args.setups_per_valid))
+    anchored = anchor.anchor_path(args.target, prereg.experiment_id)
+    first = not anchored.is_file()
     print(preregistration.freeze(args.target, args.receipt))
+    if first and anchored.is_file():  # the team commits it: what a later freeze must match
+        print(f"anchored: {anchored} (commit it)")
 
 
 def cmd_split(args) -> None:

@@ -4,9 +4,11 @@ it, and the check every later job makes against it.
 `Preregistration.load` checks target.yaml against schemas/target.schema.yaml, fills the schema's
 defaults (the one place they are written) and cross-checks what a schema cannot say; every stage
 reads the typed object, never the raw file. Freezing records target.yaml's sha256 in
-receipts/<experiment>/preregistration.json. Once that receipt exists the file is never re-frozen:
-an edited target.yaml is refused, and the only way to register a changed experiment is a new
-experiment_id (a new receipts folder).
+receipts/<experiment>/preregistration.json, and on an experiment's first freeze in its anchor
+(anchors/<experiment>.json beside target.yaml, committed; envab/anchor.py). Once that receipt
+exists the file is never re-frozen: an edited target.yaml is refused, a freeze redone after the
+receipt was deleted must match the anchor, and the only way to register a changed experiment is a
+new experiment_id (a new receipts folder and anchor).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from envab import anchor
 from envab.hashing import sha256_file
 from envab.receipts import (
     Receipts,
@@ -26,6 +29,7 @@ from envab.receipts import (
     utc_now,
     write_receipt,
 )
+from envab.run_receipts import RUN_RECEIPTS
 from envab.schema import TARGET_SCHEMA, ConfigError, check_schema, load_schema, load_yaml
 
 RECEIPT = "preregistration.json"
@@ -404,6 +408,9 @@ def check_frozen(target_path: str | Path, receipt: str | Path | None = None) -> 
     now = sha256_file(target_path)
     if now != frozen:
         raise FrozenTargetEdited(_edited_message(target_path, prereg, frozen, now))
+    # A receipt deleted and frozen again from another target agrees with that target, not with
+    # the committed anchor of the first freeze.
+    anchor.check_receipt(target_path, prereg.experiment_id, frozen)
     return prereg
 
 
@@ -435,6 +442,9 @@ def freeze(target_path: str | Path, receipt: str | Path | None = None) -> Path:
     if receipt.is_file():
         check_frozen(target_path, receipt)
         return receipt
+    # Before anything is written: a target that contradicts the experiment's committed anchor is
+    # refused; the experiment's first freeze writes the anchor.
+    anchored, _ = anchor.check_or_anchor(target_path, prereg.experiment_id)
     write_receipt(
         receipt,
         "preregistration",
@@ -444,6 +454,11 @@ def freeze(target_path: str | Path, receipt: str | Path | None = None) -> Path:
             "frozen_utc": utc_now(),
             "source": repo_commit(Path(target_path).parent),
             "target": asdict(prereg.target),
+            "anchor": anchored.as_posix(),
+            # What every run of this experiment must leave in receipts/<exp>/ (envab/verify.py
+            # says MISSING for each one absent); an experiment frozen before this field existed
+            # requires none.
+            "run_receipts": list(RUN_RECEIPTS),
         },
     )
     return receipt

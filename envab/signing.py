@@ -102,6 +102,14 @@ def sign_if_configured(receipt: str | Path, statement: dict) -> bool:
     return True
 
 
+def check_configured() -> None:
+    """Refuse now, not when its receipt is written hours later, a job whose `ENVAB_SIGNING_KEY`
+    names no readable Ed25519 key (a training job writes its receipt at its end)."""
+    path = os.environ.get(KEY_ENV)
+    if path:
+        load_private(path)
+
+
 def check(receipt: str | Path, statement: dict, public: Ed25519PublicKey) -> str:
     """ "ok", or what is wrong: UNSIGNED (no envelope), MALFORMED, WRONG KEY, BAD SIGNATURE (the
     envelope's signature does not hold), NOT THIS RECEIPT (a valid envelope of another

@@ -4,7 +4,13 @@
     python -m envab.verify --receipts receipts/embedded-default-v8/*.json --html verification.html
 
 Prints ``ok`` / ``MISMATCH`` / ``MISSING`` / ``MALFORMED`` with the path for every subject and every
-receipt a receipt depends on, and exits non-zero on any failure. In a bundle (envab/bundle.py) a
+receipt a receipt depends on, and exits non-zero on any failure. A folder must hold what its
+experiment's jobs write: the freeze receipts, and each finished run's training-records receipt
+where the freeze says runs leave one (envab/run_receipts.py); each absent one is ``MISSING``,
+named with what requires it. The pre-registration's freeze receipt is checked against the
+experiment's committed anchor (envab/anchor.py): ``MISMATCH`` when they disagree, ``MISSING`` when
+the receipt names an anchor that is gone, ``NO ANCHOR`` (neither ok nor failed) for a receipt
+frozen before anchors existed with none beside its target. In a bundle (envab/bundle.py) a
 file deliberately left out (model weights) is ``NOT SHIPPED``: its digest is the receipt's, its
 bytes are not there to check; counted on its own, neither ok nor failed. A subject that is a run's
 checkpoints.jsonl vouches for the files it lists, so each saved checkpoint's files
@@ -26,23 +32,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envab import signing
+from envab import anchor, run_receipts, signing
 from envab.bundle import NOT_SHIPPED_STATUS, not_shipped
 from envab.errors import Refusal, refused
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
 from envab.receipts import FREEZE_RECEIPTS, read_receipt, statement_digest
+from envab.schema import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
+NO_ANCHOR = "NO ANCHOR"  # a freeze from before anchors, none beside its target: not checked
+
+
 @dataclass(frozen=True)
 class Check:
-    status: str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED
+    status: str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED | NO ANCHOR
     path: str
-    receipt: str
-    role: str  # subject | depends_on | receipt | checkpoint file
+    receipt: str  # for a required receipt: the file that requires it
+    role: str  # subject | depends_on | receipt | signature | checkpoint file | anchor | required
     sha256: str | None = None  # the digest the receipt records; None where it records none
 
     @property
@@ -51,11 +61,13 @@ class Check:
 
     @property
     def failed(self) -> bool:
-        return self.status not in ("ok", NOT_SHIPPED_STATUS)
+        return self.status not in ("ok", NOT_SHIPPED_STATUS, NO_ANCHOR)
 
     def line(self) -> str:
         if self.role == "receipt":
             return f"{self.status:<9} {self.path}  (the receipt itself)"
+        if self.role == "required":
+            return f"{self.status:<9} {self.path}  (required by {self.receipt})"
         if self.role == "signature":
             return f"{self.status:<9} {self.path}{signing.SUFFIX}  (its signature)"
         return f"{self.status:<9} {self.path}  ({self.role} of {self.receipt})"
@@ -138,7 +150,11 @@ def verify_dir(receipts: str | Path, root: str | Path = ".", public_key=None) ->
     later = any(f.name not in FREEZE_RECEIPTS for f in files)
     required = FREEZE_RECEIPTS if later else FREEZE_RECEIPTS[:1]
     absent = [receipts / name for name in required if not (receipts / name).is_file()]
-    return verify_receipts([*absent, *files], root, public_key=public_key)
+    # each finished run's training-records receipt, where the freeze says runs leave one
+    runs = [
+        Check("MISSING", path, by, "required") for path, by in run_receipts.missing(receipts, root)
+    ]
+    return runs + verify_receipts([*absent, *files], root, public_key=public_key)
 
 
 def verify_receipts(
@@ -191,6 +207,9 @@ def verify_receipts(
             checks.append(
                 Check(signing.check(name, statement, public_key), name, name, "signature")
             )
+        anchored = _anchor_check(name, statement, root)
+        if anchored is not None:
+            checks.append(anchored)
         for subject_entry in subjects:
             check = _check_digest(subject_entry, root, name, "subject", digests)
             checks.append(check)
@@ -198,6 +217,27 @@ def verify_receipts(
                 checks += _checkpoint_files(root / check.path, root, name, digests)
         checks += [_check_digest(d, root, name, "depends_on", digests) for d in depends_on]
     return checks
+
+
+def _anchor_check(name: str, statement: dict, root: Path) -> Check | None:
+    """A pre-registration's freeze receipt against the experiment's committed anchor: a receipt
+    deleted and frozen again from another target disagrees with it. None for other receipts."""
+    if not str(statement.get("predicateType", "")).endswith("/preregistration/v1"):
+        return None
+    relative = anchor.named_by(statement)
+    if relative is None:
+        return None  # names no target: its subjects' checks report that
+    path = root / relative
+    if not path.is_file():
+        # a receipt that names its anchor was frozen with one: its absence is a deletion
+        named = isinstance(statement["predicate"].get("anchor"), str)
+        return Check("MISSING" if named else NO_ANCHOR, relative, name, "anchor")
+    try:
+        anchored = anchor.anchored_digest(path)
+        frozen = statement["subject"][0]["digest"]["sha256"]
+    except (ConfigError, KeyError, IndexError, TypeError):
+        return Check("MALFORMED", relative, name, "anchor")
+    return Check("ok" if anchored == frozen else "MISMATCH", relative, name, "anchor", anchored)
 
 
 def _entries(statement: dict) -> list:
@@ -214,7 +254,9 @@ def verdict(checks: list[Check]) -> str:
     failed = sum(c.failed for c in checks)
     left_out = sum(c.status == NOT_SHIPPED_STATUS for c in checks)
     shipped = f", {left_out} not shipped (digest only)" if left_out else ""
-    return f"verify: {sum(c.ok for c in checks)} ok{shipped}, {failed} failed"
+    unanchored = sum(c.status == NO_ANCHOR for c in checks)
+    loose = ", the freeze not anchored" if unanchored else ""
+    return f"verify: {sum(c.ok for c in checks)} ok{shipped}{loose}, {failed} failed"
 
 
 def checks_frame(checks: list[Check]) -> pd.DataFrame:

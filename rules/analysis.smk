@@ -70,10 +70,12 @@ rule run_table:
 
 
 # The `verify` result inside the report, next to the outcome: every receipt the outcome builds on,
-# the outcome's own and the controls'. The job fails on any failed digest (its log keeps the lines).
+# each run's training records, the outcome's own and the controls'. The job fails on any failed
+# digest (its log keeps the lines).
 rule verification:
     input:
         receipts=training_receipts()
+        + training_records_receipts()
         + [f"{RECEIPTS}/outcome.json"]
         + ([f"{RECEIPTS}/controls.json"] if CONTROL_RUNS else []),
     output:

@@ -13,6 +13,7 @@ from envab.config import load_config, select, selected_runs, selection_words
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
 from envab.receipts import FREEZE_RECEIPTS
+from envab.run_receipts import training_receipt_name
 from envab.schema import ConfigError
 from envab.trainer.compute import compute_settings, launcher
 
@@ -130,6 +131,17 @@ def run_pins():
 def run_file(name):
     """The path of a per-run file, as a Snakemake pattern over {arm} and {seed}."""
     return f"{RESULTS}/{{arm}}/seed{{seed}}/{name}"
+
+
+def training_records_receipt(arm="{arm}", seed="{seed}"):
+    """A run's training-records receipt (envab/run_receipts.py); a pattern over {arm} and {seed}
+    unless both are given."""
+    return f"{RECEIPTS}/{training_receipt_name(arm, seed)}"
+
+
+def training_records_receipts():
+    """Every selected run's training-records receipt, the controls' runs' included."""
+    return [training_records_receipt(arm, seed) for arm, seed in RUNS + CONTROL_RUNS]
 
 
 def factory_layout_args(factory):

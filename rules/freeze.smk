@@ -10,6 +10,10 @@ rule freeze_target:
         ancient(TARGET),
     output:
         protected(f"{RECEIPTS}/preregistration.json"),
+    # Beside the receipt, an experiment's first freeze writes its anchor next to target.yaml
+    # (envab/anchor.py), for the team to commit: on the machine that holds the repository, not in
+    # a cluster job's copy of it.
+    localrule: True
     params:
         # a handicap control that cannot fit the budget is refused at freeze, with the arithmetic
         setups=as_arg(

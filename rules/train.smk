@@ -49,6 +49,8 @@ checkpoint train:
         steps=run_file("steps.jsonl"),
         records=run_file("checkpoints.jsonl"),
         checkpoints=directory(run_file("checkpoints")),
+        # the records' digests as training left them, written at the run's end
+        receipt=training_records_receipt(),
     params:
         wandb=f"{RESULTS}/wandb",
         launch=" ".join(launcher(COMPUTE)),  # python -m, or accelerate launch ... -m
@@ -72,5 +74,6 @@ checkpoint train:
         " --pins {input.pins} --model {input.model} --train {input.train}"
         " --trajectories {output.trajectories} --checkpoint-records {output.records}"
         " --checkpoints {output.checkpoints} --run {output.run} --steps {output.steps}"
+        " --receipt {output.receipt}"
         " --host-log {log.host}"
         " --wandb-dir {params.wandb} --log {log.main}"

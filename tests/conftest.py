@@ -84,8 +84,14 @@ class Workflow:
     def edit_target(self, update) -> None:
         path = self.root / "preregistration" / "target.yaml"
         target = yaml.safe_load(path.read_text())
+        exp = target["experiment_id"]
         update(target)
         path.write_text(yaml.safe_dump(target, sort_keys=False))
+        # Edited before its freeze, the copy registers a variant of its own: the repository's
+        # committed anchor of the shipped experiment (envab/anchor.py) is not its anchor. Edited
+        # after, the anchor stays, as it would in a clone.
+        if not (self.root / "receipts" / exp / "preregistration.json").is_file():
+            (path.parent / "anchors" / f"{exp}.json").unlink(missing_ok=True)
 
     def embedded_arms(self) -> None:
         """Both arms on the embedded host (a restore per rollout against a fork): the whole

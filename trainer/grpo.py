@@ -25,7 +25,9 @@ Reads top to bottom in the order a run happens, one short function a step:
    run;
 4. `run`: trainer.train() with the arm open, from the resume point if there is one;
 5. `write_record`: run.json, the final counters, the stop reason, when the run started and when
-   it was frozen, its restarts, and the load the machine was under (envab/machine_load.py).
+   it was frozen, its restarts, and the load the machine was under (envab/machine_load.py); then
+   the training-records receipt (`--receipt`, envab/run_receipts.py): a digest of every record
+   as training left it, rewritten by a resumed run at its end.
 
 Settings come from the run's pins (`training`, frozen with the run; where and how the model runs
 is its `compute`, trainer/compute.py), the checkpoint interval and the budget from the frozen
@@ -59,7 +61,7 @@ from tqdm import tqdm
 from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig
 
-from envab import machine_load, preregistration
+from envab import machine_load, preregistration, signing
 from envab.envs.arms import open_arm
 from envab.envs.placement import PlacementError, pin
 from envab.errors import Refusal, refused
@@ -69,6 +71,7 @@ from envab.machine import accelerator, machine_kind
 from envab.preregistration import Budget, Preregistration
 from envab.progress import Console, duration, job_console
 from envab.receipts import Receipts, utc_now
+from envab.run_receipts import write_training_receipt
 from envab.schema import ConfigError
 from envab.tracking import public_arm_config, start_run
 from envab.trainer import agent
@@ -159,6 +162,8 @@ class RunInputs:
 
 def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     prereg, receipts = preregistration.frozen_inputs(args)
+    if args.receipt:
+        signing.check_configured()  # its receipt is signed at the run's end
     check_receipts(receipts)
     check_code(receipts)
     pins = check_pins(args.pins, receipts)
@@ -805,6 +810,19 @@ def write_record(
         **generation_record(trainer, inputs.settings, callback.run.times.summary()),
     }
     atomic_write_json(outputs.run, record)
+    if args.receipt:  # before the journal goes: a process killed here resumes and writes it
+        write_training_receipt(
+            args.receipt,
+            [
+                args.pins,
+                outputs.trajectories,
+                outputs.steps,
+                outputs.checkpoint_records,
+                outputs.run,
+            ],
+            inputs.receipts.paths,
+            record,
+        )
     journal.close(outputs.run.parent)
     return record
 
@@ -848,6 +866,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", required=True, help="writes: one folder per checkpoint")
     parser.add_argument("--run", required=True, help="writes: run.json, the final record")
     parser.add_argument("--steps", required=True, help="writes: steps.jsonl, a digest per step")
+    parser.add_argument(
+        "--receipt",
+        help="writes: receipts/<exp>/train_<arm>_seed<k>.json, the training records' digests when"
+        " the run ends (envab/run_receipts.py); none without it",
+    )
     parser.add_argument("--host-log", help="where an embedded host writes its log")
     parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
     parser.add_argument("--log", help="the job's log; the console then gets a line per checkpoint")
