@@ -229,6 +229,9 @@ class Preregistration:
     controls: tuple[Control, ...] = ()
     confirmation: ConfirmationProtocol | None = None
     primary: PrimaryEndpoint = PrimaryEndpoint("paired_time_ratio", 0.05)
+    # expected | not_expected: which rules judge the controls when no A/A observes it
+    # (analysis/controls.py)
+    determinism: str = "expected"
 
     @property
     def threshold(self) -> float:
@@ -272,6 +275,7 @@ class Preregistration:
                 ConfirmationProtocol(**data["confirmation"]) if "confirmation" in data else None
             ),
             primary=PrimaryEndpoint(**data["primary_endpoint"]),
+            determinism=data["determinism"],
         )
         prereg._cross_check(path)
         prereg._check_controls(path)
