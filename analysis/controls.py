@@ -5,19 +5,41 @@
 
 Each control (the pre-registration's `controls`; envs/controls.py) is its base arm run again as
 `<arm>-<name>` with one known change. For every seed both ran, the control's run is compared with
-the base arm's by the A/B's own checks (exact divergence, the curve-equivalence test, wall-clock at
-the shared checkpoints), and the control passes when what comes out is what was registered:
+the base arm's, and the control passes when what comes out is what was registered.
 
-- same (A/A): no divergence on any seed and the curves equivalent. The wall-clock ratio at the
-  base run's target checkpoint is this machine's timing noise floor (shown, not judged: a single
-  draw per seed).
-- slower (throughput handicap): no divergence, and at the base run's accepted crossing (its last
-  checkpoint if it never crossed) the added wall-clock is the predicted one within `tolerance`:
-  reset_delay_s x the environment set-ups the control made before that checkpoint, counted from its
-  trajectories (one per fork group; one per attempt on an arm that does not fork).
-- differ (silent corruption): every seed diverges. The curve test is shown beside it but not
-  required: a few flipped rewards may well leave the curves within the margin, and only the exact
-  divergence check is bound to see a corruption that passes every gate.
+Exact divergence only means something where training is bit-deterministic, so the rules depend
+on whether it is. Registered: the pre-registration's `determinism` (expected | not_expected).
+Observed: the A/A control is a replay of its base arm (same seed, same backend), so its exact
+divergence is the evidence: "bit-deterministic" when every A/A seed never diverged, "not
+bit-deterministic" when one did, "unknown" with no A/A. The observation decides which rules hold
+(the registration, where nothing was observed); expected and not observed is a failing row of its
+own, and the controls are then judged by the rules that hold, never failed (or passed) by
+construction.
+
+Deterministic (exact divergence decides):
+- same (A/A): no divergence on any seed and the curves equivalent.
+- slower (throughput handicap): no divergence, and the added wall-clock recovered (below).
+- differ (silent corruption): every seed diverges.
+
+Not deterministic (curves, times and reward consistency; analysis/curve_difference.py,
+analysis/reward_consistency.py). The A/A and handicap each have two checks that can fail them by
+chance, so each is run at alpha / 2 (Bonferroni: the control's false failure rate at most alpha,
+alpha being the primary endpoint's):
+- same: the paired curve test over seeds does not say "differ", and the A/A's reward
+  disagreement is not higher than its base arm's. With one seed per arm the curve test makes no
+  claim: "not powered", not a pass.
+- slower: the same two checks, and the added wall-clock recovered on every seed.
+- differ: the corrupted arm's reward disagreement (same task, same actions, another reward) is
+  higher than its base arm's at alpha: "as expected"; not higher where the test had power
+  POWERED to see the registered flip_rewards at the comparable groups played: "NOT as
+  expected"; otherwise "not powered", not a pass.
+
+The added wall-clock (slower): at the base run's accepted crossing (its last checkpoint if it
+never crossed) the control's wall-clock minus the base's is reset_delay_s x the environment
+set-ups the control made before that checkpoint, counted from its trajectories (one per fork
+group; one per attempt on an arm that does not fork), within `tolerance`. The A/A's wall-clock
+ratio there is this machine's timing noise floor (shown, not judged: one draw per seed). Every
+run's reward consistency is shown whatever the rules: a flaky verifier is a finding on its own.
 """
 
 from __future__ import annotations
@@ -26,9 +48,11 @@ import argparse
 from pathlib import Path
 
 from envab import preregistration
+from envab.analysis.curve_difference import paired_curve_test
 from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import curve_equivalence
 from envab.analysis.outcome import load_run, seed_curves
+from envab.analysis.reward_consistency import POWERED, consistency, excess, flip_power, pooled
 from envab.analysis.runs import RunRecords
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
@@ -101,14 +125,29 @@ def _timing(control: Control, base: RunRecords, run: RunRecords, prereg) -> dict
     return timing
 
 
-def judge(control: Control, base_runs: list[RunRecords], runs: list[RunRecords], prereg) -> dict:
-    """One control's checks on every seed both arms ran, and whether they came out as
-    registered."""
+DETERMINISTIC, NOT_DETERMINISTIC = "deterministic", "not deterministic"
+
+
+def _alpha(prereg) -> float:
+    """The registered alpha: the primary endpoint's."""
+    primary = getattr(prereg, "primary", None)
+    return primary.alpha if primary is not None else 0.05
+
+
+def _curve_inputs(runs: dict, seeds: list) -> dict:
+    return seed_curves([runs[s] for s in seeds])
+
+
+def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords], prereg):
+    """The evidence on every seed both arms ran (None: none did): per seed, exact divergence,
+    wall-clock and each run's reward consistency; the curve tests; the reward consistency pooled
+    over seeds, with the corrupted arm's excess over its base and that test's power."""
     base = {r.seed: r for r in base_runs}
     mine = {r.seed: r for r in runs}
     seeds = sorted(set(base) & set(mine))
     if not seeds:
-        return {**_header(control), "verdict": "not run", "reason": "no seed ran on both arms"}
+        return None
+    alpha = _alpha(prereg)
     per_seed = []
     for seed in seeds:
         a, b = base[seed], mine[seed]
@@ -118,34 +157,124 @@ def judge(control: Control, base_runs: list[RunRecords], runs: list[RunRecords],
             else {"verdict": "not compared", "reason": "no step digests"}
         )
         per_seed.append(
-            {"seed": seed, "divergence": divergence, "timing": _timing(control, a, b, prereg)}
+            {
+                "seed": seed,
+                "divergence": divergence,
+                "timing": _timing(control, a, b, prereg),
+                "reward_consistency": {
+                    "base": consistency(a.trajectories),
+                    "control": consistency(b.trajectories),
+                },
+            }
         )
     settings = prereg.equivalence
     try:
         curves = curve_equivalence(
-            seed_curves([mine[s] for s in seeds]),
-            seed_curves([base[s] for s in seeds]),
+            _curve_inputs(mine, seeds),
+            _curve_inputs(base, seeds),
             margin=settings.margin(prereg.threshold),
             samples=settings.bootstrap_samples,
             confidence=settings.confidence,
         ).to_dict()
     except ValueError as e:
         curves = {"verdict": "not computed", "reason": str(e)}
-    diverged = [s["divergence"]["verdict"] == "diverged" for s in per_seed]
-    never = [s["divergence"]["verdict"] == "never" for s in per_seed]
-    if control.expect == "same":
-        ok = all(never) and curves["verdict"] == "equivalent"
-    elif control.expect == "slower":
-        recovered = [s["timing"].get("verdict") == "recovered" for s in per_seed]
-        ok = all(never) and all(recovered)
-    else:
-        ok = all(diverged)
-    return {
-        **_header(control),
-        "seeds": per_seed,
-        "curves": curves,
-        "verdict": "as expected" if ok else "NOT as expected",
+    # Two checks can fail an A/A or a handicap by chance: each at alpha / 2 (module docstring).
+    level = alpha if control.expect == "differ" else alpha / 2
+    try:
+        paired = paired_curve_test(_curve_inputs(mine, seeds), _curve_inputs(base, seeds), level)
+    except ValueError as e:
+        paired = {"verdict": "not computed", "reason": str(e), "alpha": level}
+    pooled_base = pooled(s["reward_consistency"]["base"] for s in per_seed)
+    pooled_control = pooled(s["reward_consistency"]["control"] for s in per_seed)
+    rewards = {
+        "base": pooled_base,
+        "control": pooled_control,
+        "excess_p": excess(pooled_control, pooled_base),
+        "alpha": level,
     }
+    if control.expect == "differ":
+        rewards["power"] = flip_power(pooled_control, pooled_base, control.flip_rewards, alpha)
+        rewards["powered_at"] = POWERED
+    return {"seeds": per_seed, "curves": curves, "paired_curves": paired, "rewards": rewards}
+
+
+def _deterministic_verdict(control: Control, evidence: dict) -> tuple[str, list[str]]:
+    per_seed = evidence["seeds"]
+    never = all(s["divergence"]["verdict"] == "never" for s in per_seed)
+    if control.expect == "same":
+        ok = never and evidence["curves"]["verdict"] == "equivalent"
+    elif control.expect == "slower":
+        ok = never and all(s["timing"].get("verdict") == "recovered" for s in per_seed)
+    else:
+        ok = all(s["divergence"]["verdict"] == "diverged" for s in per_seed)
+    return ("as expected" if ok else "NOT as expected"), []
+
+
+def _fmt_p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3g}"
+
+
+def _nondeterministic_verdict(control: Control, evidence: dict) -> tuple[str, list[str]]:
+    """Curves, times and reward consistency (module docstring); the reasons behind a verdict
+    that is not "as expected"."""
+    rewards = evidence["rewards"]
+    p = rewards["excess_p"]
+    counts = (
+        f"{rewards['control']['disagreeing_groups']}/{rewards['control']['comparable_groups']} "
+        f"comparable groups disagree, base {rewards['base']['disagreeing_groups']}/"
+        f"{rewards['base']['comparable_groups']}, one-sided Fisher p {_fmt_p(p)}"
+    )
+    if control.expect == "differ":
+        if p is not None and p <= rewards["alpha"]:
+            return "as expected", []
+        power = rewards["power"]
+        why = f"no excess reward disagreement ({counts}; power {power:.2f})"
+        return ("NOT as expected" if power >= POWERED else "not powered"), [why]
+    failed, unpowered = [], []
+    paired = evidence["paired_curves"]
+    if paired["verdict"] == "differ":
+        failed.append(
+            f"curves differ (paired t-test over seeds p {_fmt_p(paired['p_value'])} "
+            f"<= {paired['alpha']:g})"
+        )
+    elif paired["verdict"] != "not shown to differ":
+        unpowered.append(f"curves: {paired.get('reason', paired['verdict'])}")
+    if p is not None and p <= rewards["alpha"]:
+        failed.append(f"excess reward disagreement ({counts} <= {rewards['alpha']:g})")
+    if control.expect == "slower":
+        missed = [s["seed"] for s in evidence["seeds"] if s["timing"].get("verdict") != "recovered"]
+        if missed:
+            failed.append(f"added time not recovered on seed(s) {missed}")
+    if failed:
+        return "NOT as expected", failed
+    return ("not powered", unpowered) if unpowered else ("as expected", [])
+
+
+def judge(
+    control: Control,
+    base_runs: list[RunRecords],
+    runs: list[RunRecords],
+    prereg,
+    rules: str | None = None,
+) -> dict:
+    """One control's checks on every seed both arms ran, and whether they came out as
+    registered, by the `rules` that hold (default: those the registration's determinism
+    names; judge_all passes the observed ones)."""
+    evidence = compare(control, base_runs, runs, prereg)
+    return _judgement(control, evidence, rules or _registered_rules(prereg))
+
+
+def _judgement(control: Control, evidence: dict | None, rules: str) -> dict:
+    if evidence is None:
+        return {
+            **_header(control),
+            "rules": rules,
+            "verdict": "not run",
+            "reason": "no seed ran on both arms",
+        }
+    decide = _deterministic_verdict if rules == DETERMINISTIC else _nondeterministic_verdict
+    verdict, reasons = decide(control, evidence)
+    return {**_header(control), "rules": rules, **evidence, "verdict": verdict, "reasons": reasons}
 
 
 def _header(control: Control) -> dict:
@@ -158,23 +287,96 @@ def _header(control: Control) -> dict:
     }
 
 
-def judge_all(runs: list[RunRecords], prereg: Preregistration) -> list[dict]:
-    return [
-        judge(
-            control,
-            [r for r in runs if r.arm == control.arm],
-            [r for r in runs if r.arm == control.run_arm],
-            prereg,
-        )
-        for control in prereg.controls
+def _registered_rules(prereg) -> str:
+    expected = getattr(prereg, "determinism", "expected") == "expected"
+    return DETERMINISTIC if expected else NOT_DETERMINISTIC
+
+
+def observed_determinism(aa_judgements: list[dict]) -> dict:
+    """What the A/A controls' exact divergence says about bit-determinism: each is a replay of
+    its base arm, so a divergence on any seed means training is not bit-deterministic here."""
+    compared = [
+        (j["name"], s)
+        for j in aa_judgements
+        for s in j.get("seeds", [])
+        if s["divergence"]["verdict"] in ("never", "diverged")
     ]
+    if not compared:
+        return {"observed": "unknown", "evidence": "no A/A control compared step digests"}
+    diverged = [(name, s) for name, s in compared if s["divergence"]["verdict"] == "diverged"]
+    if diverged:
+        where = ", ".join(
+            f"A/A {name} seed {s['seed']} diverged at step {s['divergence']['step']}"
+            for name, s in diverged
+        )
+        return {"observed": "not bit-deterministic", "evidence": where}
+    return {
+        "observed": "bit-deterministic",
+        "evidence": f"every A/A seed never diverged ({len(compared)} seed(s))",
+    }
+
+
+def determinism(prereg, aa_evidence: list[dict]) -> dict:
+    """Registered against observed, and the rules the controls are judged by: the observed
+    case where an A/A saw one, the registered one otherwise. `aa_evidence`: each A/A control's
+    name and `compare` evidence."""
+    registered = getattr(prereg, "determinism", "expected")
+    observed = observed_determinism(aa_evidence)
+    if observed["observed"] == "unknown":
+        rules, verdict = _registered_rules(prereg), "not judged"
+        basis = f"registered {registered}; {observed['evidence']}"
+    else:
+        rules = DETERMINISTIC if observed["observed"] == "bit-deterministic" else NOT_DETERMINISTIC
+        broken = registered == "expected" and rules == NOT_DETERMINISTIC
+        verdict = "NOT as expected" if broken else "as expected"
+        basis = f"training observed {observed['observed']} ({observed['evidence']})"
+    return {
+        "registered": registered,
+        **observed,
+        "rules": rules,
+        "basis": basis,
+        "verdict": verdict,
+    }
+
+
+def _of(runs: list[RunRecords], arm: str) -> list[RunRecords]:
+    return [r for r in runs if r.arm == arm]
+
+
+def judge_all(runs: list[RunRecords], prereg: Preregistration) -> dict:
+    """The determinism row and every control's judgement, by the rules that hold."""
+    evidence = {
+        c.name: compare(c, _of(runs, c.arm), _of(runs, c.run_arm), prereg) for c in prereg.controls
+    }
+    aa = [
+        {"name": c.name, **evidence[c.name]}
+        for c in prereg.controls
+        if c.expect == "same" and evidence[c.name] is not None
+    ]
+    case = determinism(prereg, aa)
+    judgements = [_judgement(c, evidence[c.name], case["rules"]) for c in prereg.controls]
+    return {"determinism": case, "controls": judgements}
 
 
 EXPECTED = {
-    "same": "no divergence; curves equivalent",
-    "slower": "no divergence; added time = predicted",
-    "differ": "divergence on every seed",
+    DETERMINISTIC: {
+        "same": "no divergence; curves equivalent",
+        "slower": "no divergence; added time = predicted",
+        "differ": "divergence on every seed",
+    },
+    NOT_DETERMINISTIC: {
+        "same": "curves not shown to differ; no excess reward disagreement",
+        "slower": "curves not shown to differ; no excess reward disagreement; added time = "
+        "predicted",
+        "differ": "excess reward disagreement",
+    },
 }
+
+
+def _rewards_text(c: dict) -> str:
+    if "comparable_groups" not in c:
+        return c.get("reason", c.get("verdict", ""))
+    return f"{c['disagreeing_groups']}/{c['comparable_groups']}"
 
 
 def _observed(seed: dict) -> str:
@@ -191,30 +393,95 @@ def _observed(seed: dict) -> str:
             f"added {t['added_s']:.1f} s against {t['predicted_added_s']:.1f} s predicted "
             f"({t['setups']} set-ups, {t['verdict']})"
         )
+    rc = seed.get("reward_consistency")
+    if rc:
+        parts.append(
+            f"rewards disagree in {_rewards_text(rc['control'])} comparable groups "
+            f"(base {_rewards_text(rc['base'])})"
+        )
     return "; ".join(parts)
 
 
-def render_markdown(judgements: list[dict]) -> str:
+def _curves_text(j: dict) -> str:
+    band = j.get("curves", {}).get("verdict", "")
+    paired = j.get("paired_curves")
+    if not paired:
+        return band
+    p = paired.get("p_value")
+    test = paired["verdict"] + (f" (paired t p {p:.3g})" if p is not None else "")
+    return f"{test}; band: {band}"
+
+
+def render_markdown(judgements: list[dict], determinism: dict | None = None) -> str:
     lines = [
         "# Controls",
         "",
         "Each control runs a base arm again with one known change; the A/B's checks must find that "
         "change and nothing else (analysis/controls.py).",
         "",
-        "| control | runs as | change | expected | observed | curves | verdict |",
-        "|---|---|---|---|---|---|---|",
     ]
+    if determinism:
+        rules = (
+            "exact divergence decides"
+            if determinism["rules"] == DETERMINISTIC
+            else "curves, times and reward consistency decide (exact divergence is shown, not "
+            "judged)"
+        )
+        lines += [
+            f"**Determinism.** Registered: {determinism['registered']}. Observed: "
+            f"{determinism['observed']} ({determinism['evidence']}). The controls are judged as "
+            f"{determinism['rules']}: {rules}; {determinism['basis']}.",
+            "",
+        ]
+    lines += [
+        "| control | runs as | change | judged as | expected | observed | curves | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    if determinism:
+        lines.append(
+            f"| determinism | the A/A | none | registered {determinism['registered']} "
+            f"| bit-deterministic{' ' if determinism['registered'] == 'expected' else ' or not '}"
+            f"| {determinism['observed']}: {determinism['evidence']} | "
+            f"| **{determinism['verdict']}** |"
+        )
     for j in judgements:
         change = ", ".join(f"{k} {v}" for k, v in j["change"].items() if k != "seed") or "none"
         observed = "<br>".join(_observed(s) for s in j.get("seeds", [])) or j.get("reason", "")
-        curves = j.get("curves", {}).get("verdict", "")
+        if j.get("reasons"):
+            observed += "<br>" + "; ".join(j["reasons"])
+        rules = j.get("rules", DETERMINISTIC)
         lines.append(
-            f"| {j['name']} | {j['runs_as']} | {change} | {EXPECTED[j['expect']]} | {observed} "
-            f"| {curves} | **{j['verdict']}** |"
+            f"| {j['name']} | {j['runs_as']} | {change} | {rules} "
+            f"| {EXPECTED[rules][j['expect']]} | {observed} | {_curves_text(j)} "
+            f"| **{j['verdict']}** |"
         )
     if not judgements:
-        lines.append("| (none registered) | | | | | | |")
+        lines.append("| (none registered) | | | | | | | |")
+    lines += _consistency_lines(judgements)
     return "\n".join(lines) + "\n"
+
+
+def _consistency_lines(judgements: list[dict]) -> list[str]:
+    """Every control's reward consistency pooled over seeds, against its base arm's."""
+    rows = [j for j in judgements if "rewards" in j]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Reward consistency (same task, same actions, same reward; analysis/reward_consistency.py)"
+        ", pooled over seeds: disagreeing / comparable groups.",
+        "",
+        "| control | control's runs | base arm's runs | excess, one-sided Fisher p | power |",
+        "|---|---|---|---|---|",
+    ]
+    for j in rows:
+        r = j["rewards"]
+        power = f"{r['power']:.2f}" if "power" in r else "–"
+        lines.append(
+            f"| {j['name']} | {_rewards_text(r['control'])} | {_rewards_text(r['base'])} "
+            f"| {_fmt_p(r['excess_p'])} | {power} |"
+        )
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -241,11 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prereg, receipts = preregistration.frozen_inputs(args)
         runs = [load_run(files) for files in args.runs]
-        judgements = judge_all(runs, prereg)
+        judged = judge_all(runs, prereg)
     except (Refusal, FileNotFoundError, ValueError) as e:
         return refused(e)
-    atomic_write_json(args.json, {"experiment_id": prereg.experiment_id, "controls": judgements})
-    atomic_write_text(args.md, render_markdown(judgements))
+    judgements, case = judged["controls"], judged["determinism"]
+    atomic_write_json(args.json, {"experiment_id": prereg.experiment_id, **judged})
+    atomic_write_text(args.md, render_markdown(judgements, case))
     inputs = {p: d for run in runs for p, d in run.inputs.items()}
     write_receipt(
         args.receipt,
@@ -254,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         + [subject(p, d) for p, d in sorted(inputs.items())],
         predicate={
             "experiment_id": prereg.experiment_id,
+            # registered against observed, and the rules every verdict below rests on
+            "determinism": {k: case[k] for k in ("registered", "observed", "rules", "verdict")},
             "verdicts": {j["name"]: j["verdict"] for j in judgements},
         },
         depends_on=receipts.paths,
