@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from envab.hashing import sha256_file
 from envab.receipts import read_receipt
 
 EXP = "embedded-default-v8"
@@ -90,6 +92,22 @@ def test_a_new_experiment_id_registers_afresh(frozen):
     result = frozen.snakemake("--until", "freeze_target")
     assert result.returncode == 0, result.stderr[-2000:]
     assert (frozen.root / "receipts" / "embedded-default-next" / "preregistration.json").is_file()
+
+
+def test_a_freeze_redone_with_another_target_is_refused_against_the_anchor(frozen):
+    """The receipts deleted and the target edited under the same experiment id: the freeze job
+    refuses, naming the committed anchor (preregistration/anchors/) and both digests, and
+    nothing is frozen again."""
+    anchor = frozen.root / "preregistration" / "anchors" / f"{EXP}.json"
+    anchored = json.loads(anchor.read_text())["preregistration"]["digest"]["sha256"]
+    frozen.edit_target(lambda t: t["target"].update(threshold=0.9))  # frozen: the anchor stays
+    shutil.rmtree(frozen.root / RECEIPTS)
+    result = frozen.snakemake("--until", "freeze_target")
+    assert result.returncode != 0
+    log = (frozen.root / "logs" / EXP / "freeze_target.log").read_text()
+    now = sha256_file(frozen.root / "preregistration" / "target.yaml")
+    assert anchored in log and now in log and "new experiment_id" in log, log
+    assert not (frozen.root / RECEIPTS / "preregistration.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -244,6 +245,51 @@ def first_step_metrics(text: str) -> dict:
     raise AssertionError("no step metrics in the output")
 
 
+def verify_in(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "envab.verify", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("arm", ["restore", "drums"])
+def test_the_train_job_receipts_its_records_and_verify_names_an_edit(trained, arm, tmp_path):
+    """The train job's training-records receipt vouches for the run's records as training left
+    them. In a copy of the run, one trajectory line edited is named by verify, and the receipt
+    deleted is MISSING, required by the run's run.json."""
+    receipt = Path("receipts") / EXP / f"train_{arm}_seed1.json"
+    run_dir = RESULTS / arm / "seed1"
+    subjects = json.loads((trained.root / receipt).read_text())["subject"]
+    names = ["pins.json", "trajectories.jsonl", "steps.jsonl", "checkpoints.jsonl", "run.json"]
+    assert [s["name"] for s in subjects] == [(run_dir / name).as_posix() for name in names]
+    copy = tmp_path / "copy"
+    shutil.copytree(trained.root / "receipts", copy / "receipts")
+    shutil.copytree(trained.root / run_dir, copy / run_dir)
+    result = verify_in(copy, "--receipts", str(receipt))
+    assert result.returncode == 0, result.stdout[-2000:]
+
+    path = copy / run_dir / "trajectories.jsonl"
+    lines = path.read_text().splitlines()
+    attempt = json.loads(lines[0])
+    attempt["verdict"] = "valid" if attempt["verdict"] != "valid" else "env_failure"
+    lines[0] = json.dumps(attempt, sort_keys=True)
+    path.chmod(0o644)
+    path.write_text("\n".join(lines) + "\n")
+    result = verify_in(copy, "--receipts", str(receipt))
+    assert result.returncode == 1
+    edited = f"MISMATCH  {run_dir / 'trajectories.jsonl'}  (subject of {receipt})"
+    assert edited in result.stdout.splitlines(), result.stdout[-2000:]
+
+    (copy / receipt).unlink()
+    result = verify_in(copy, str(receipt.parent))
+    assert result.returncode == 1
+    missing = f"MISSING   {receipt}  (required by {run_dir / 'run.json'})"
+    assert missing in result.stdout.splitlines(), result.stdout[-2000:]
+
+
 def test_same_seed_same_arm_gives_the_same_first_step(trained):
     """A second run of the restore arm, seed 1, into a fresh folder: the first step's tasks,
     rewards and turns are equal, and so are the sampled completions' lengths and entropy (which
@@ -361,3 +407,9 @@ def test_a_run_killed_five_times_resumes_to_the_records_of_one_never_killed(trai
     for c in checkpoints:
         assert file_manifest(run_dir / "checkpoints" / c["checkpoint"]) == c["files"]
     assert not (run_dir / "journal").exists()
+
+    # The training-records receipt, written again at the resumed run's end, vouches for them.
+    receipt = Path("receipts") / EXP / "train_drums_seed1.json"
+    assert json.loads((root / receipt).read_text())["predicate"]["restarts"] == len(KILLS)
+    result = verify_in(root, "--receipts", str(receipt))
+    assert result.returncode == 0, result.stdout[-2000:]
