@@ -28,7 +28,7 @@ needs_gvisor = pytest.mark.skipif(
 
 # A worker that answers the host's greetings and probes its own sandbox.
 PROBE = r"""
-import errno, os, socket, sys
+import errno, os, socket, sys, time
 from envab.envs.host.channel import PipeChannel
 
 def attempt(f):
@@ -72,6 +72,15 @@ while True:
         except OSError as e:
             errno_name = errno.errorcode.get(e.errno, str(e.errno))
         reply = {"written_mib": written, "errno": errno_name}
+    elif op == "bomb":  # what an agent's fork bomb does, bounded so that a test ends
+        for _ in range(args[0]):
+            if os.fork() == 0:
+                time.sleep(120)
+                os._exit(0)
+        reply = {"forked": args[0]}
+    elif op == "hog":  # what an agent's runaway allocation does
+        hog = [bytearray(2**20) for _ in range(args[0])]
+        reply = {"held_mib": len(hog)}
     ch.send(reply)
 """
 
@@ -262,6 +271,35 @@ def test_an_agent_that_fills_its_tmpfs_hits_its_bound_and_the_others_go_on(sandb
     assert bound_mib - 16 <= filled["written_mib"] <= bound_mib  # stopped at its own bound
     assert filler.channel.call(("read",), timeout=30) == {"state": "before"}  # still answers
     assert other.channel.call(("read",), timeout=30) == {"state": "untouched"}
+
+
+@needs_gvisor
+@pytest.mark.parametrize(
+    ("op", "size"),
+    [
+        ("bomb", 4 * 1024),  # processes: well past PIDS_LIMIT host tasks
+        ("hog", 3 * 1024),  # MiB: past MEMORY_LIMIT_BYTES
+    ],
+)
+def test_a_fork_bomb_or_a_memory_hog_ends_its_own_sandbox_and_the_others_go_on(sandboxes, op, size):
+    from envab.envs.host.channel import ChannelClosed
+    from envab.envs.host.gvisor import MEMORY_LIMIT_BYTES, PIDS_LIMIT
+
+    assert size > {"bomb": PIDS_LIMIT, "hog": MEMORY_LIMIT_BYTES // 2**20}[op]
+    hostile, _ = sandboxes.run()
+    other, _ = sandboxes.run()
+    other.channel.call(("write", "untouched"), timeout=30)
+    assert hostile.audit()["limits"] == {
+        "memory_mib": MEMORY_LIMIT_BYTES // 2**20,
+        "pids": PIDS_LIMIT,
+    }
+    hostile.channel.send((op, size))
+    with pytest.raises((ChannelClosed, EOFError, ConnectionError)):
+        hostile.channel.recv(180)  # killed at its bound: the host sees its worker die
+    assert other.channel.call(("read",), timeout=30) == {"state": "untouched"}
+    fresh, _ = sandboxes.run()  # and the host starts the next environment as before
+    fresh.channel.call(("write", "after"), timeout=30)
+    assert fresh.channel.call(("read",), timeout=30) == {"state": "after"}
 
 
 @needs_gvisor

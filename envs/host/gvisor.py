@@ -49,6 +49,14 @@ RUNSC = "runsc"
 # fails with ENOSPC inside its own environment instead of taking the host's memory, and every
 # checkpoint (the sandbox's whole memory) stays bounded with it.
 TMPFS_SIZE = "256m"
+# And each sandbox is a cgroup of its own (runsc applies the bundle's `linux.resources`): an
+# agent's fork bomb or memory hog kills its own sandbox at these bounds — the host sees that
+# environment's worker die (gate `worker_alive`) — instead of starving the host and the other
+# environments. Host tasks, not the sandbox's processes, are what `pids` counts: an idle worker
+# holds about 40 (the Sentry's threads and the platform's stubs). The tmpfs folders count
+# towards the memory bound.
+MEMORY_LIMIT_BYTES = 2 * 2**30
+PIDS_LIMIT = 1024
 CHECKPOINT_ROOM = 1.5  # a checkpoint image against the sandbox's memory (it is compressed less)
 MIN_FREE_BYTES = 512 * 2**20  # left free on the images' disk after any checkpoint
 PLATFORM = "ptrace"
@@ -154,7 +162,13 @@ def _write_bundle(bundle: Path, argv: Sequence[str], root: Path | None = None) -
             ),
             *binds,
         ],
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "resources": {
+                "memory": {"limit": MEMORY_LIMIT_BYTES},
+                "pids": {"limit": PIDS_LIMIT},
+            },
+        },
     }
     (bundle / "config.json").write_text(json.dumps(spec, indent=1))
 
@@ -190,6 +204,7 @@ class Sandbox:
             "container": self.cid,
             "restored_from": Path(self.image).name if self.image else None,
             "memory_mib": None if memory is None else round(memory / 2**20, 1),
+            "limits": {"memory_mib": MEMORY_LIMIT_BYTES // 2**20, "pids": PIDS_LIMIT},
             "age_s": round(time.monotonic() - self.started, 3),
         }
 
