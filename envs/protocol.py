@@ -163,7 +163,9 @@ def checked(checker, evaluator: Mapping, state: Mapping, audit: dict) -> Verific
     """The one rule every backend applies to a checker's answer on state read back from an
     environment: 1.0 or 0.0 is a valid score; a checker that raises, or answers anything else,
     makes the episode invalid (verifier_unavailable) with no score, never a 0.
-    `audit["checker_failure"]` ("crash" | "bad_score") and `audit["checker_error"]` say which.
+    `audit["checker_failure"]` ("crash" | "bad_score", or the `failure` an exception names, as
+    the X desktop's checker process does: envs/xdesktop/checker.py) and `audit["checker_error"]`
+    say which.
 
     A checker that declares `partial_credit` (OSWorld's evaluators: a fuzzy metric's ratio, the
     mean of an `and` list) may answer any fraction in [0, 1]. The contract's reward is 0 or 1, so
@@ -174,7 +176,8 @@ def checked(checker, evaluator: Mapping, state: Mapping, audit: dict) -> Verific
     try:
         score = checker(evaluator, state)
     except Exception as e:  # the checker could not run
-        audit["checker_failure"] = "crash"
+        failure = getattr(e, "failure", None)
+        audit["checker_failure"] = failure if isinstance(failure, str) else "crash"
         audit["checker_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         return Verification.invalid([Gate.VERIFIER_AVAILABLE], **audit)
     if getattr(checker, "partial_credit", False) and _fraction(score):

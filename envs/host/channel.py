@@ -56,6 +56,10 @@ class ChannelCorrupt(ChannelClosed):
     request expects. The other end is out of step or hostile; the channel is dropped."""
 
 
+class FrameTooLarge(ChannelCorrupt):
+    """A frame over its channel's size limit (a caller may name this apart from garbage)."""
+
+
 def encode(message) -> bytes:
     """A message as a frame's payload: JSON, bytes tagged, tuples as lists, no NaN."""
 
@@ -66,7 +70,7 @@ def encode(message) -> bytes:
 
     data = json.dumps(message, default=tagged, separators=(",", ":"), allow_nan=False).encode()
     if len(data) > MAX_FRAME:
-        raise ChannelCorrupt(f"a message of {len(data)} bytes is over the {MAX_FRAME} limit")
+        raise FrameTooLarge(f"a message of {len(data)} bytes is over the {MAX_FRAME} limit")
     return data
 
 
@@ -113,10 +117,10 @@ def check_reply(request: str, reply) -> dict:
     return reply
 
 
-def _size(header: bytes) -> int:
+def _size(header: bytes, limit: int = MAX_FRAME) -> int:
     (size,) = _HEADER.unpack(header)
-    if size > MAX_FRAME:
-        raise ChannelCorrupt(f"a frame of {size} bytes is over the {MAX_FRAME} limit")
+    if size > limit:
+        raise FrameTooLarge(f"a frame of {size} bytes is over the {limit} limit")
     return size
 
 
@@ -196,11 +200,13 @@ class PipeChannel(Channel):
     """The same messages over two pipe descriptors (read, write): what a sandboxed worker has.
 
     A worker restored from a checkpoint keeps reading the same descriptor numbers, which the
-    restore binds to the new copy's pipes, so each copy gets a channel of its own.
+    restore binds to the new copy's pipes, so each copy gets a channel of its own. `max_frame`:
+    the largest frame this end reads (at most MAX_FRAME; a checker's requests are small).
     """
 
-    def __init__(self, read_fd: int, write_fd: int):
+    def __init__(self, read_fd: int, write_fd: int, max_frame: int = MAX_FRAME):
         self.read_fd, self.write_fd = read_fd, write_fd
+        self.max_frame = min(max_frame, MAX_FRAME)
         self._open = True
 
     def fileno(self) -> int:
@@ -217,7 +223,7 @@ class PipeChannel(Channel):
 
     def recv(self, timeout: float | None = None, expect: str | None = None):
         deadline = None if timeout is None else time.monotonic() + timeout
-        size = _size(self._read_until(_HEADER.size, deadline, timeout))
+        size = _size(self._read_until(_HEADER.size, deadline, timeout), self.max_frame)
         message = decode(self._read_until(size, deadline, timeout))
         return message if expect is None else check_reply(expect, message)
 

@@ -9,6 +9,11 @@ functions, unchanged, and the controller is desktop-env's, talking to a loopback
 that carries each request over the environment's channel to its in-environment server (a gVisor
 sandbox has no network to reach it on).
 
+The host runs only the `postconfig` steps (set-up the environment executes, sent over its channel)
+and `evaluate`; the getters and metrics run in a confined checker process of their own
+(`envab.envs.xdesktop.checker`, which calls `preload` and `score` here), with the relay inside
+it: a task file names them and the environment writes what they read, so neither is trusted.
+
 desktop-env's packages import every metric's and getter's dependencies in their `__init__`
 (OCR, browser automation, cloud drives); a function is loaded from its own module instead, with
 the parent packages registered bare (`load`), so only that module's dependencies are needed.
@@ -30,6 +35,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
+from envab.envs.xdesktop import checker
+from envab.envs.xdesktop.confine import Limits
 from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
 
 # getter type -> what it reads from the environment (the routes of envs/xdesktop/server.py)
@@ -42,6 +49,8 @@ SERVED_GETTERS = {
     "list_directory": "/list_directory",
     "vm_screen_size": "/screen_size",
 }
+# the in-environment server's routes a checker may ask for: what the served getters read
+ROUTES = frozenset(route for route in SERVED_GETTERS.values() if route)
 DEFAULT_SCREEN = (1024, 768)
 # A task names its screen, and each size a host has not seen costs a display and a template: a
 # task file is untrusted, so the sizes it may ask for are bounded (4K at most; the smallest the
@@ -215,11 +224,22 @@ def unavailable(task: Mapping) -> list[str]:
     return [detail for _, detail in blockers(task)]
 
 
-def evaluate(evaluator: Mapping, http: Http, postconfig: Callable[[list], None]) -> float:
-    """The task's score, as OSWorld's DesktopEnv.evaluate computes it (one metric or a list
-    joined by `conj`)."""
+def evaluate(
+    evaluator: Mapping, http: Http, postconfig: Callable[[list], None], limits: Limits | None = None
+) -> float:
+    """The task's score, as OSWorld's DesktopEnv.evaluate computes it (`score`): the
+    `postconfig` steps run here, through the environment's channel; the getters and metrics run
+    in a confined checker process (`checker.run`) that reaches the environment only through
+    `http`, on `ROUTES`. `checker.CheckerFailed` when it gives no valid score."""
     if evaluator.get("postconfig"):
         postconfig(list(evaluator["postconfig"]))
+    if evaluator.get("func") == INFEASIBLE:
+        raise Unavailable("an infeasible task is scored from the agent's last action")
+    return checker.run(evaluator, http, ROUTES, limits)
+
+
+def _parts(evaluator: Mapping) -> list[tuple]:
+    """(metric name, result getter, expected getter or None, options), one per metric."""
     funcs = evaluator["func"]
     if funcs == INFEASIBLE:
         raise Unavailable("an infeasible task is scored from the agent's last action")
@@ -230,6 +250,23 @@ def evaluate(evaluator: Mapping, http: Http, postconfig: Callable[[list], None])
     expected = (expected if many else [expected]) if expected is not None else [None] * len(funcs)
     options = evaluator.get("options", [{}] * len(funcs) if many else {})
     options = options if many else [options]
+    return list(zip(funcs, results, expected, options, strict=True))
+
+
+def preload(evaluator: Mapping) -> None:
+    """Import the metrics, getters and controller `evaluator` needs (the checker process does
+    this before it gives up its uid: the interpreter's files need not be readable after)."""
+    controller_class()
+    for func, result, exp, _ in _parts(evaluator):
+        load("metrics", func)
+        for getter in (result, exp):
+            if getter is not None:
+                _getter(getter)
+
+
+def score(evaluator: Mapping, http: Http) -> float:
+    """OSWorld's score of `evaluator` (one metric or a list joined by `conj`), its getters
+    reading the environment through `http`. Runs in the checker process, never the host."""
     with Relay(http) as relay, tempfile.TemporaryDirectory(prefix="envab-eval-") as cache:
         env = types.SimpleNamespace(
             controller=controller_class()(vm_ip="127.0.0.1", server_port=relay.port),
@@ -241,15 +278,15 @@ def evaluate(evaluator: Mapping, http: Http, postconfig: Callable[[list], None])
             http_server=f"http://127.0.0.1:{relay.port}",
         )
         scores = []
-        for func, result, exp, opts in zip(funcs, results, expected, options, strict=True):
+        for func, result, exp, opts in _parts(evaluator):
             metric = load("metrics", func)
             got = _getter(result)(env, result)
             if exp is None:
-                score = metric(got, **(opts or {}))
+                value = metric(got, **(opts or {}))
             else:
-                score = metric(got, _getter(exp)(env, exp), **(opts or {}))
-            scores.append(float(score))
-            if evaluator.get("conj", "and") == "and" and not score:
+                value = metric(got, _getter(exp)(env, exp), **(opts or {}))
+            scores.append(float(value))
+            if evaluator.get("conj", "and") == "and" and not value:
                 return 0.0
     if evaluator.get("conj", "and") == "or":
         return max(scores)

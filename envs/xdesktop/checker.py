@@ -1,0 +1,282 @@
+"""The X desktop's checker process: OSWorld's getters and metrics run here, never in the host.
+
+A task file names the getters and metrics, and everything a getter fetches comes from the
+environment, so both are untrusted; the freeze refuses the metrics known to evaluate or execute
+text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`run`) starts
+`python -m envab.envs.xdesktop.checker` for one evaluation, which confines itself
+(`envab.envs.xdesktop.confine`) before it reads anything the task or environment wrote:
+
+- no new privileges; a network namespace of its own with only loopback, where the relay that
+  desktop-env's controller talks to listens inside this process; each HTTP request the relay
+  gets goes to the host as a frame on the process's standard output, and the host answers it on
+  standard input with the environment's `http` callable, only for the routes the desktop's
+  getters read (`routes`; anything else is answered 403). The environment still serves the
+  files; the checker reaches nothing else.
+- then, after importing the metrics and getters it was asked for (`preload`: the interpreter
+  and its packages need not be readable by the checker's uid), resource limits, the
+  unprivileged uid and gid (`Limits`, nobody/nogroup by default; a host that is not root keeps
+  its uid), no capabilities, an environment holding only HOME and TMPDIR, both its private
+  folder (owned by that uid, removed afterwards), where its cache lives and its cwd is.
+
+Frames are the channel's (`envs/host/channel.py`: length-prefixed JSON, bytes as base64): the
+checker sends `{"http": [method, path, content type, body]}` (at most `REQUEST_MAX` bytes) and
+ends with `{"score": x}` or `{"error": name}`. The host takes a score only as a finite number in
+[0, 1]; anything else — an error, a crash, garbage or an oversize frame on its output, no score
+by the total deadline (then it is killed) — raises `CheckerFailed`, whose `failure` the pool
+records as the audit flag `checker_<failure>` of an invalid attempt (gate verifier_available).
+
+Where the confinement cannot be had (no network namespace: not root and no user namespaces; a
+uid change refused), the checker refuses: `{"error": "ConfinementError"}`, failure `sandbox`.
+It never runs a metric unconfined, because a task set one cannot score is better refused than a
+host that runs a task file's choice of code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+from envab.envs.host.channel import (
+    ChannelClosed,
+    ChannelCorrupt,
+    ChannelTimeout,
+    FrameTooLarge,
+    PipeChannel,
+    check_reply,
+)
+from envab.envs.xdesktop import confine
+from envab.envs.xdesktop.confine import ConfinementError, Limits
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENTRY = "envab.envs.xdesktop.evaluate"  # its `preload(evaluator)`, `score(evaluator, http)`
+REQUEST_MAX = 2**20  # the largest frame the host reads from a checker: a request, or its score
+STDERR_TAIL = 2000  # characters of a failed checker's standard error kept in the log
+JOB = "job.json"
+# What the interpreter imports lazily on common paths (a host name's encoding in every connect
+# and request): imported before the uid changes, for a host whose interpreter that uid cannot
+# read (one installed under /root). A metric's own lazy imports there fail as a named crash.
+INTERPRETER_PRELOAD = ("encodings.idna", "encodings.ascii", "encodings.latin_1", "stringprep",
+                       "unicodedata", "email.parser", "http.client")  # fmt: skip
+
+Http = Callable[[str, str, str, bytes], Mapping]
+
+
+class CheckerFailed(RuntimeError):
+    """No valid score from the checker process; `failure` names why: timeout, crash (it raised
+    or died), garbage (a frame that is no message), oversize, bad_score, environment (the
+    environment could not answer its request), sandbox (the confinement was refused)."""
+
+    def __init__(self, failure: str, detail: str):
+        super().__init__(detail)
+        self.failure = failure
+
+
+# --- the host's side ---------------------------------------------------------------------------
+
+
+def run(
+    evaluator: Mapping,
+    http: Http,
+    routes: Collection[str],
+    limits: Limits | None = None,
+    entry: str = DEFAULT_ENTRY,
+) -> float:
+    """The score of `evaluator` from a confined checker process, which reads the environment
+    only through `http`, on `routes`. `entry`: the module (or a .py file) that scores; the
+    host's code names it, a task file cannot."""
+    limits = limits or Limits()
+    home = tempfile.mkdtemp(prefix="envab-checker-")
+    try:
+        Path(home, JOB).write_text(json.dumps({"evaluator": evaluator}))
+        if os.geteuid() == 0:
+            os.chown(home, limits.uid, limits.gid)
+        with tempfile.TemporaryFile() as stderr:
+            argv = ["--home", home, "--entry", entry, "--limits", json.dumps(asdict(limits))]
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", "-m", __name__, *argv],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd=home,
+                env={"HOME": home, "TMPDIR": home},
+                start_new_session=True,  # its own process group, killed as one
+            )
+            try:
+                return _serve(proc, http, frozenset(routes), limits)
+            except CheckerFailed as e:
+                stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - STDERR_TAIL))
+                tail = stderr.read().decode("utf-8", "replace").strip()
+                log.warning("checker failed (%s): %s\n%s", e.failure, e, tail)
+                raise
+            finally:
+                _end(proc)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _serve(proc: subprocess.Popen, http: Http, routes: frozenset, limits: Limits) -> float:
+    """Answer the checker's requests until its score, its deadline or its end."""
+    channel = PipeChannel(proc.stdout.fileno(), proc.stdin.fileno(), max_frame=REQUEST_MAX)
+    deadline = time.monotonic() + limits.deadline_s
+    while True:
+        try:
+            message = channel.recv(timeout=max(0.0, deadline - time.monotonic()))
+        except ChannelTimeout:
+            raise CheckerFailed("timeout", f"no score within {limits.deadline_s} s") from None
+        except FrameTooLarge as e:
+            raise CheckerFailed("oversize", str(e)) from None
+        except ChannelCorrupt as e:
+            raise CheckerFailed("garbage", str(e)) from None
+        except ChannelClosed:
+            ended = _ended(proc)
+            raise CheckerFailed("crash", f"the checker ended ({ended}) without a score") from None
+        kind = next(iter(message), None) if isinstance(message, dict) else None
+        if kind is None or len(message) != 1:
+            raise CheckerFailed("garbage", "a frame that is not a checker's message")
+        if kind == "score":
+            return _score(message["score"])
+        if kind == "error":
+            name = str(message["error"])[:100]
+            if name == ConfinementError.__name__:
+                raise CheckerFailed("sandbox", "the checker's confinement was refused")
+            raise CheckerFailed("crash", f"the checker raised {name}")
+        if kind != "http":
+            raise CheckerFailed("garbage", f"a message {kind[:40]!r}")
+        reply = _answer(message["http"], http, routes)
+        try:
+            channel.send(reply)
+        except FrameTooLarge as e:
+            raise CheckerFailed("oversize", f"the environment's answer: {e}") from None
+        except ChannelClosed:
+            ended = _ended(proc)
+            raise CheckerFailed("crash", f"the checker ended ({ended}) mid-request") from None
+
+
+def _answer(request, http: Http, routes: frozenset) -> dict:
+    """The environment's answer to one relayed request, or 403 for a route not in `routes`."""
+    shapes = (str, str, str, bytes)
+    if not (
+        isinstance(request, list)
+        and len(request) == len(shapes)
+        and all(isinstance(v, t) for v, t in zip(request, shapes, strict=True))
+    ):
+        raise CheckerFailed("garbage", "a request that is not [method, path, type, body]")
+    method, path, content_type, body = request
+    if method not in ("GET", "POST") or path.split("?", 1)[0] not in routes:
+        return {"status": 403, "content_type": "text/plain", "body": b"not a checker's route"}
+    try:
+        reply = http(method, path, content_type, body)
+    except Exception as e:  # the environment's channel: dead, late or out of step
+        raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
+    return {k: reply[k] for k in ("status", "content_type", "body")}
+
+
+def _score(value) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0.0 <= value <= 1.0
+    ):
+        raise CheckerFailed("bad_score", f"the checker answered {str(value)[:40]!r}")
+    return float(value)
+
+
+def _ended(proc: subprocess.Popen) -> str:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1.0)
+    code = proc.returncode
+    if code is None:
+        return "still running"
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill the checker's process group, whatever it is doing, and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pipe in (proc.stdin, proc.stdout):
+        with contextlib.suppress(OSError):
+            pipe.close()
+    proc.wait()
+
+
+# --- the checker's side ------------------------------------------------------------------------
+
+
+def _relay_http(channel: PipeChannel) -> Http:
+    """The checker's way to the environment: one request at a time, over its standard output."""
+    lock = threading.Lock()
+
+    def http(method: str, path: str, content_type: str, body: bytes) -> Mapping:
+        with lock:
+            channel.send({"http": [method, path, content_type, bytes(body)]})
+            return check_reply("http", channel.recv())
+
+    return http
+
+
+def _entry(name: str):
+    if name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("envab_checker_entry", name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(name)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="env-ab's X desktop checker process")
+    p.add_argument("--home", required=True)
+    p.add_argument("--entry", default=DEFAULT_ENTRY)
+    p.add_argument("--limits", default="{}")
+    args = p.parse_args(argv)
+    # The frames keep the descriptors they came on; standard input becomes /dev/null and standard
+    # output the error stream, so a metric that prints (exact_match does) cannot write a frame.
+    channel = PipeChannel(os.dup(0), os.dup(1))
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    try:
+        confine.no_new_privileges()
+        confine.isolate_network()
+        evaluator = json.loads(Path(args.home, JOB).read_text())["evaluator"]
+        for name in INTERPRETER_PRELOAD:
+            importlib.import_module(name)
+        module = _entry(args.entry)
+        module.preload(evaluator)
+        confine.drop(Limits(**json.loads(args.limits)))
+        score = module.score(evaluator, _relay_http(channel))
+        try:
+            answer = {"score": float(score)}
+        except (TypeError, ValueError, OverflowError):
+            answer = {"error": "NotAScore"}
+    except Exception as e:  # anything a metric raises is a failed check, named by its type
+        print(f"checker: {type(e).__name__}: {e}", file=sys.stderr)
+        answer = {"error": type(e).__name__}
+    try:
+        channel.send(answer)
+    except (ChannelClosed, ValueError):  # a NaN score: no valid frame holds it
+        channel.send({"error": "NotAScore"})
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

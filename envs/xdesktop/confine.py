@@ -1,0 +1,140 @@
+"""Confine the current process before it runs code on untrusted input: the X desktop's checker
+process (`envab.envs.xdesktop.checker`) calls these, in this order, on itself.
+
+1. `no_new_privileges`: nothing it executes can gain privileges (setuid binaries, file
+   capabilities), it cannot be traced or dumped by its uid's other processes.
+2. `isolate_network` (while single-threaded: a namespace is a thread's): a network namespace of
+   its own with only loopback up, so it reaches nothing outside itself. Root unshares it
+   directly; another uid unshares a user namespace with it, keeping its uid outside.
+3. `drop` (after the modules it needs are imported): resource limits (`Limits`), then, when root,
+   the unprivileged uid and gid with no supplementary groups, then no capabilities at all, and
+   death with its parent.
+
+Each step raises `ConfinementError` naming what the kernel refused; the checker then refuses to
+run (its host counts a failed check), never runs unconfined. The standard library only: libc's
+`unshare`, `prctl` and `capset` through ctypes, `ioctl` for loopback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import resource
+import signal
+import socket
+import struct
+from dataclasses import dataclass
+from functools import cache
+
+NOBODY = 65534  # nobody / nogroup
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+_IFREQ = struct.Struct("16sh22x")  # struct ifreq: the name, then ifr_flags in a 24-byte union
+_CAP_VERSION_3 = 0x20080522
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the checker process may use. `uid`/`gid` apply when the host is root; a host that is
+    not root keeps its own uid (it is unprivileged already). `deadline_s` is the host's total
+    wait for a score; `cpu_s` the kernel's CPU limit, the same by default."""
+
+    uid: int = NOBODY
+    gid: int = NOBODY
+    deadline_s: float = 300.0
+    cpu_s: int = 300
+    memory_bytes: int = 4 * 2**30  # address space: desktop-env's getters import pandas
+    file_bytes: int = 64 * 2**20  # one file: the largest the environment's channel carries
+    open_files: int = 256
+    processes: int = 256  # the uid's processes and threads: the relay runs a thread a request
+
+
+class ConfinementError(RuntimeError):
+    """The kernel refused a step of the confinement; the checker must not run."""
+
+
+@cache
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _ok(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise ConfinementError(f"{what}: {os.strerror(errno)}")
+
+
+def _prctl(option: int, value: int, what: str) -> None:
+    prctl = _libc().prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    _ok(prctl(option, value, 0, 0, 0), what)
+
+
+def no_new_privileges() -> None:
+    _prctl(PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")
+    _prctl(PR_SET_DUMPABLE, 0, "prctl(PR_SET_DUMPABLE)")
+
+
+def isolate_network() -> None:
+    """A fresh network namespace with loopback up (a relay inside the process listens there)."""
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # the other threads would stay in the host's namespace
+        raise ConfinementError(f"unshare: {threads} threads; only a single thread moves")
+    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
+    _ok(_libc().unshare(flags), "unshare(CLONE_NEWNET)")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            name = b"lo"
+            (_, flags) = _IFREQ.unpack(fcntl.ioctl(s, SIOCGIFFLAGS, _IFREQ.pack(name, 0)))
+            fcntl.ioctl(s, SIOCSIFFLAGS, _IFREQ.pack(name, flags | IFF_UP))
+    except OSError as e:
+        raise ConfinementError(f"loopback up: {e.strerror}") from None
+
+
+def drop(limits: Limits) -> None:
+    """Limits, then (when root) the unprivileged uid and gid, then no capabilities."""
+    for what, value in (
+        (resource.RLIMIT_AS, limits.memory_bytes),
+        (resource.RLIMIT_CPU, limits.cpu_s),
+        (resource.RLIMIT_FSIZE, limits.file_bytes),
+        (resource.RLIMIT_NOFILE, limits.open_files),
+        (resource.RLIMIT_NPROC, limits.processes),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        try:
+            resource.setrlimit(what, (value, value))
+        except (ValueError, OSError) as e:
+            raise ConfinementError(f"setrlimit({what}, {value}): {e}") from None
+    if os.getuid() == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(limits.gid, limits.gid, limits.gid)
+            os.setresuid(limits.uid, limits.uid, limits.uid)
+        except OSError as e:
+            raise ConfinementError(f"setuid {limits.uid}: {e.strerror}") from None
+        if 0 in os.getresuid() or 0 in os.getresgid():
+            raise ConfinementError("still root after setresuid")
+    _no_capabilities()
+    # A changed uid clears the parent-death signal, so it is set after: a checker whose host died
+    # goes with it instead of waiting on a channel nobody reads.
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "prctl(PR_SET_PDEATHSIG)")
+    no_new_privileges()  # dumpable is reset by the uid change too
+
+
+def _no_capabilities() -> None:
+    """An empty capability set (a user namespace's root keeps a full one over its namespaces)."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+
+    data = (Data * 2)()
+    _ok(_libc().capset(ctypes.byref(Header(_CAP_VERSION_3, 0)), data), "capset")

@@ -1,0 +1,128 @@
+"""A test-only checker entry (tests/test_checker_sandbox.py): the code a hostile metric would run,
+run inside the X desktop's checker process. The host's code names an entry
+(`envab.envs.xdesktop.checker.run(..., entry=)`); a task file cannot, so this is loadable only
+from a test. The standard library only: it is imported before the checker gives up root, and
+also run in the test's own process as the control each probe is measured against.
+
+Each probe answers 1.0 when the confinement held and 0.0 when it did not, or acts (hangs, exits,
+writes garbage) so the host's handling can be seen; `facts` reports what the process is by a
+request to the environment, which the test's `http` records.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import socket
+import struct
+import time
+
+
+def preload(evaluator) -> None:
+    pass
+
+
+def score(evaluator, http) -> float:
+    return PROBES[evaluator["probe"]](evaluator, http)
+
+
+def write_marker(evaluator, http) -> float:
+    """Write a file into a root-owned folder: 1.0 when refused."""
+    try:
+        with open(os.path.join(evaluator["folder"], "marker"), "w") as f:
+            f.write("the checker wrote here")
+    except PermissionError:
+        return 1.0
+    return 0.0
+
+
+def connect(evaluator, http) -> float:
+    """Reach the host's listeners (its loopback, its other addresses): 1.0 when none answers."""
+    for host in evaluator["hosts"]:
+        try:
+            with socket.create_connection((host, evaluator["port"]), timeout=3):
+                return 0.0
+        except OSError:
+            continue
+    return 1.0
+
+
+def facts(evaluator, http) -> float:
+    """What this process is, sent to the environment's `http` (route /file) for the test."""
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+    report = {
+        "resuid": os.getresuid(),
+        "resgid": os.getresgid(),
+        "groups": os.getgroups(),
+        "environ": dict(os.environ),
+        "cwd": os.getcwd(),
+        "cwd_owner": os.stat(os.getcwd()).st_uid,
+        "no_new_privs": status.get("NoNewPrivs", "").strip(),
+        "cap_eff": status.get("CapEff", "").strip(),
+        "interfaces": [name for _, name in socket.if_nameindex()],
+        "rlimits": {
+            name: resource.getrlimit(getattr(resource, name))[0]
+            for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC")
+        },
+    }
+    http("POST", "/file", "application/json", json.dumps(report).encode())
+    return 1.0
+
+
+def other_route(evaluator, http) -> float:
+    """Ask for a route the desktop's getters do not read: 1.0 when refused (403)."""
+    reply = http("POST", "/run_python", "application/json", b'{"code": "print(1)"}')
+    return 1.0 if reply["status"] == 403 else 0.0
+
+
+def hang(evaluator, http) -> float:
+    time.sleep(3600)
+    return 1.0
+
+
+def exit_early(evaluator, http) -> float:
+    os._exit(3)
+
+
+def allocate(evaluator, http) -> float:
+    """More memory than the checker's address-space limit: MemoryError in the checker."""
+    return float(len(bytearray(evaluator["bytes"])) > 0)
+
+
+def raw_frame(evaluator, http) -> float:
+    """Write `evaluator["frame"]` straight onto the checker's channel to the host, as code in the
+    checker process can (it finds the channel among the live objects), then wait."""
+    from envab.envs.host.channel import PipeChannel
+
+    (channel,) = [o for o in gc.get_objects() if isinstance(o, PipeChannel)]
+    payload = evaluator["frame"].encode()
+    size = evaluator.get("size", len(payload))
+    os.write(channel.write_fd, struct.pack("!I", size) + payload)
+    time.sleep(3600)
+    return 1.0
+
+
+def raw_bytes(evaluator, http) -> float:
+    """Bytes that are no frame at all on the checker's channel, then the end of the process."""
+    from envab.envs.host.channel import PipeChannel
+
+    (channel,) = [o for o in gc.get_objects() if isinstance(o, PipeChannel)]
+    os.write(channel.write_fd, evaluator["bytes"].encode())
+    os._exit(0)
+
+
+def answer(evaluator, http):
+    """Whatever `evaluator["value"]` holds, as the score."""
+    return evaluator["value"]
+
+
+PROBES = {
+    f.__name__: f
+    for f in (
+        *(write_marker, connect, facts, other_route, hang),
+        *(exit_early, allocate, raw_frame, raw_bytes, answer),
+    )
+}

@@ -1,0 +1,277 @@
+"""The X desktop's checker runs in a confined process of its own (envs/xdesktop/checker.py): a
+real child process scores with desktop-env's real getters and metrics, reading files a fake
+environment serves, and probes run inside it (tests/checker_probes.py) show what it cannot do:
+write where root owns, reach the host's network, stay root, outlive its deadline, or crash the
+host with what it writes back. Each probe is run in this process too, where it succeeds, so a
+confinement that stopped working would fail these tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from envab.envs.protocol import Gate, checked
+from envab.envs.xdesktop import checker, evaluate
+from envab.envs.xdesktop.checker import CheckerFailed
+from envab.envs.xdesktop.confine import NOBODY, Limits
+
+PROBES = str(Path(__file__).with_name("checker_probes.py"))
+ROOT = os.geteuid() == 0
+
+
+def _why_not() -> str | None:
+    """Why this machine cannot confine a checker: it needs a network namespace (root, or an
+    unprivileged user namespace), tried in a throw-away child."""
+    if sys.platform != "linux":
+        return "the checker's confinement is Linux's (namespaces, prctl)"
+    flags = 0x40000000 if ROOT else 0x50000000  # CLONE_NEWNET, with CLONE_NEWUSER if not root
+    code = f"import ctypes,sys; sys.exit(ctypes.CDLL(None).unshare({flags}))"
+    if subprocess.run([sys.executable, "-c", code]).returncode != 0:
+        return "no network namespace here (not root and no user namespaces)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+
+
+class Environment:
+    """A fake environment's `http` (the in-environment server's /file and /execute), recording
+    every request that reaches it."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files = dict(files)
+        self.requests: list[tuple[str, str, bytes]] = []
+
+    def http(self, method: str, path: str, content_type: str, body: bytes) -> dict:
+        self.requests.append((method, path, body))
+        if path == "/file" and content_type.startswith("application/x-www-form-urlencoded"):
+            name = urllib.parse.parse_qs(body.decode()).get("file_path", [""])[0]
+            if name in self.files:
+                return {"status": 200, "content_type": "application/octet-stream",
+                        "body": self.files[name]}  # fmt: skip
+            return {"status": 404, "content_type": "text/plain", "body": b"no such file"}
+        if path == "/execute":
+            command = json.loads(body)["command"]
+            output = self.files.get(command[-1], b"").decode() if command[0] == "cat" else ""
+            reply = {"status": "success", "output": output, "error": "", "returncode": 0}
+            return {"status": 200, "content_type": "application/json",
+                    "body": json.dumps(reply).encode()}  # fmt: skip
+        return {"status": 200, "content_type": "text/plain", "body": b""}
+
+
+def _probe(probe: str, env: Environment | None = None, limits: Limits | None = None, **params):
+    env = env or Environment({})
+    return checker.run({"probe": probe, **params}, env.http, evaluate.ROUTES, limits, PROBES)
+
+
+def _failure(probe: str, limits: Limits | None = None, **params) -> CheckerFailed:
+    with pytest.raises(CheckerFailed) as failed:
+        _probe(probe, limits=limits, **params)
+    return failed.value
+
+
+# --- a real desktop-env metric, scored in the checker process ---------------------------------
+
+DIFF = {
+    "func": "diff_text_file",
+    "result": {"type": "vm_file", "path": "/root/todo.txt", "dest": "todo.txt"},
+    "expected": {"type": "vm_file", "path": "/gold/todo.txt", "dest": "gold.txt"},
+}
+
+
+class Access:
+    """What the pool hands the X desktop's checker (envs/host/pool.py, _Access)."""
+
+    def __init__(self, env: Environment):
+        self.http = env.http
+        self.postconfig_steps: list = []
+
+    def postconfig(self, steps: list) -> None:
+        self.postconfig_steps.append(steps)
+
+
+def test_a_real_metric_scores_the_files_the_environment_serves():
+    env = Environment(
+        {"/root/todo.txt": b"water the plants\n", "/gold/todo.txt": b"water the plants\n"}
+    )
+    assert evaluate.evaluate(DIFF, env.http, lambda steps: None) == 1.0
+    assert [path for _, path, _ in env.requests] == ["/file", "/file"]
+    env.files["/root/todo.txt"] = b"feed the cat\n"
+    assert evaluate.evaluate(DIFF, env.http, lambda steps: None) == 0.0
+
+
+def test_a_metric_that_prints_still_answers_one_frame():
+    # exact_match and the vm_command_line getter print to standard output; the frames do not
+    # travel there
+    env = Environment({"/root/plants.txt": b"water the plants\n"})
+    ev = {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": ["cat", "/root/plants.txt"]},
+        "expected": {"type": "rule", "rules": {"expected": "water the plants\n"}},
+    }
+    assert evaluate.evaluate(ev, env.http, lambda steps: None) == 1.0
+
+
+def test_postconfig_runs_on_the_host_through_the_environment_and_failures_are_invalid():
+    env = Environment({"/root/todo.txt": b"a\n", "/gold/todo.txt": b"a\n"})
+    access = Access(env)
+    steps = [{"type": "execute", "parameters": {"command": ["true"]}}]
+    audit: dict = {}
+    v = checked(evaluate.check, {**DIFF, "postconfig": steps}, access, audit)
+    assert v.valid and v.score == 1.0 and access.postconfig_steps == [steps]
+    # a getter this desktop does not serve: the checker raises, the attempt is invalid, named
+    audit = {}
+    v = checked(evaluate.check, {**DIFF, "result": {"type": "cloud_file"}}, access, audit)
+    assert not v.valid and v.failed_gates == (Gate.VERIFIER_AVAILABLE,)
+    assert audit["checker_failure"] == "crash" and "Unavailable" in audit["checker_error"]
+
+
+# --- what the checker process is --------------------------------------------------------------
+
+
+def test_the_checker_is_unprivileged_with_no_network_and_nothing_of_the_hosts():
+    env = Environment({})
+    limits = Limits(cpu_s=77, open_files=99, processes=55)
+    assert _probe("facts", env, limits) == 1.0
+    ((_, path, body),) = env.requests
+    facts = json.loads(body)
+    uid = NOBODY if ROOT else os.getuid()
+    assert facts["resuid"] == [uid] * 3 and facts["groups"] == []
+    if ROOT:
+        assert facts["resgid"] == [NOBODY] * 3
+    assert facts["no_new_privs"] == "1" and int(facts["cap_eff"], 16) == 0
+    assert facts["interfaces"] == ["lo"]  # a namespace of its own: none of the host's
+    # LC_CTYPE: the interpreter's own C-locale coercion (PEP 538), not the host's
+    assert set(facts["environ"]) - {"LC_CTYPE"} == {"HOME", "TMPDIR"}
+    assert facts["environ"]["HOME"] == facts["cwd"] and facts["cwd_owner"] == uid
+    assert facts["cwd"] != os.getcwd() and not os.path.exists(facts["cwd"])  # removed after
+    assert facts["rlimits"]["RLIMIT_CPU"] == 77 and facts["rlimits"]["RLIMIT_NOFILE"] == 99
+    assert facts["rlimits"]["RLIMIT_NPROC"] == 55
+    assert facts["rlimits"]["RLIMIT_AS"] == limits.memory_bytes
+    assert facts["rlimits"]["RLIMIT_FSIZE"] == limits.file_bytes
+
+
+@pytest.mark.skipif(not ROOT, reason="a host that is not root keeps its uid in the checker")
+def test_a_checker_cannot_write_into_a_folder_root_owns():
+    folder = tempfile.mkdtemp(prefix="envab-root-owned-")
+    try:
+        os.chmod(folder, 0o755)
+        assert _probe("write_marker", folder=folder) == 1.0
+        assert os.listdir(folder) == []
+        # the same code in the host's process writes it: the uid is what stops it
+        assert _module().write_marker({"folder": folder}, None) == 0.0
+        assert os.listdir(folder) == ["marker"]
+    finally:
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+
+def test_a_checker_cannot_reach_a_listener_on_the_host():
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        hosts = ["127.0.0.1", *_addresses()]
+        assert _probe("connect", hosts=hosts, port=port) == 1.0
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody came
+        assert _module().connect({"hosts": hosts, "port": port}, None) == 0.0  # the control
+
+
+def test_a_checker_gets_only_the_routes_the_getters_read():
+    env = Environment({})
+    assert _probe("other_route", env) == 1.0
+    assert env.requests == []  # the environment never saw it
+
+
+def test_an_allocation_past_the_memory_limit_fails_in_the_checker():
+    failed = _failure("allocate", Limits(memory_bytes=2 * 2**30), bytes=3 * 2**30)
+    assert failed.failure == "crash" and "MemoryError" in str(failed)
+
+
+# --- what the host does with a checker that misbehaves ----------------------------------------
+
+
+def test_a_checker_that_hangs_is_killed_at_its_deadline():
+    start = time.monotonic()
+    failed = _failure("hang", Limits(deadline_s=4))
+    assert failed.failure == "timeout"
+    assert time.monotonic() - start < 4 + 10  # its start, the deadline, and the kill
+
+
+def test_a_checker_that_exits_without_a_score_is_a_crash():
+    failed = _failure("exit_early")
+    assert failed.failure == "crash" and "exit 3" in str(failed)
+
+
+@pytest.mark.parametrize(
+    ("frame", "size", "failure"),
+    [
+        ("this is not json", None, "garbage"),
+        ('{"verdict": "valid"}', None, "garbage"),
+        ('{"score": 1, "also": 2}', None, "garbage"),
+        ('{"http": ["GET", "/file"]}', None, "garbage"),
+        ('{"score": "1"}', None, "bad_score"),
+        ('{"score": true}', None, "bad_score"),
+        ('{"score": 1.5}', None, "bad_score"),
+        ('{"score": -0.5}', None, "bad_score"),
+        ('{"score": 1e999}', None, "bad_score"),
+        ('{"score": NaN}', None, "garbage"),
+        ('{"score": 1}', checker.REQUEST_MAX + 1, "oversize"),
+    ],
+)
+def test_what_a_checker_writes_back_is_a_named_failure_never_a_crash(frame, size, failure):
+    params = {"frame": frame} if size is None else {"frame": frame, "size": size}
+    assert _failure("raw_frame", Limits(deadline_s=20), **params).failure == failure
+
+
+def test_bytes_that_are_no_frame_at_all_are_a_named_failure():
+    failed = _failure("raw_bytes", bytes="Traceback (most recent call last): oops\n")
+    assert failed.failure == "oversize"  # its first four bytes read as a size past the cap
+    assert _failure("raw_bytes", bytes="ab").failure == "crash"  # then the end of the stream
+
+
+@pytest.mark.parametrize("value", [0.25, 1])
+def test_a_valid_fraction_comes_back_as_a_float(value):
+    assert _probe("answer", value=value) == float(value)
+
+
+def test_a_checker_failure_is_an_invalid_attempt_with_its_name():
+    class Hanging:
+        def __call__(self, evaluator, state):
+            return checker.run(evaluator, state.http, evaluate.ROUTES, Limits(deadline_s=3), PROBES)
+
+    audit: dict = {}
+    v = checked(Hanging(), {"probe": "hang"}, Access(Environment({})), audit)
+    assert not v.valid and v.score is None and v.failed_gates == (Gate.VERIFIER_AVAILABLE,)
+    assert audit["checker_failure"] == "timeout" and "CheckerFailed" in audit["checker_error"]
+
+
+def _module():
+    """The probes, imported into this process (the controls)."""
+    sys.path.insert(0, str(Path(PROBES).parent))
+    try:
+        import checker_probes
+    finally:
+        sys.path.pop(0)
+    return checker_probes
+
+
+def _addresses() -> list[str]:
+    """This host's addresses besides loopback (a route out would reach them)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return []
+    return sorted({info[4][0] for info in infos} - {"127.0.0.1"})
