@@ -5,7 +5,9 @@ read in one place: at creation and fork the state hash must equal the expected o
 the action's generation must match, the worker must be alive and answer within its timeout, and
 the screenshot must not be blank. The first gate that fails quarantines the environment: its
 worker is stopped, later steps are refused, and verify reports the verdict and the failed gate.
-The checker runs here, in the host process, on state read back from the worker.
+The checker runs here, in the host process, on state read back from the worker; the X desktop's
+(OSWorld's getters and metrics, which read the environment itself) runs in a confined process
+of its own (`envab.envs.xdesktop.checker`).
 
 Where a worker runs is the host's `sandbox`: `gvisor` (each environment in its own gVisor sandbox,
 forked by checkpoint and restore: `envab.envs.host.gvisor`), `process` (each a plain process
