@@ -11,7 +11,8 @@ steps under /setup/ (launch, execute, open_file, upload, activate_window, close_
 getter may ask for but this desktop does not provide (/terminal, /accessibility) answer 501.
 
 Two ways in, one set of handlers:
-- `--http PORT`: an HTTP server (a guest whose host reaches it over a forwarded port);
+- `--http PORT --token-file F`: an HTTP server on loopback (`--bind` for a forwarded port) that
+  answers only callers sending F's bearer token: whoever reaches it runs commands here;
 - `--stdio`: the env-ab host's channel over standard input and output (a gVisor sandbox has no
   network): length-prefixed JSON frames, the same operations as the Pillow desktop's worker
   (prepare, hello, init, arm, step, observe, state, close) plus `http`, which carries one raw
@@ -29,6 +30,7 @@ import base64
 import contextlib
 import email.parser
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -570,13 +572,34 @@ def serve_frames(env: Environment, rfd: int, wfd: int, on_eof) -> None:
         send(reply)
 
 
-def request_handler(handle):
+def request_handler(handle, token: str | None = None):
     """An HTTP handler class that answers every GET and POST with `handle(method, path,
-    content type, body) -> (status, content type, body)` (this server; the host's relay)."""
+    content type, body) -> (status, content type, body)` (this server; the host's relay).
+    With `token`, a request without `Authorization: Bearer <token>` is answered 401 unread;
+    a body over MAX_FRAME, 413."""
 
     class Handler(BaseHTTPRequestHandler):
+        def _refuse(self, status: int, error: str) -> None:
+            out = json.dumps({"error": error}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(out)
+            self.close_connection = True
+
         def _any(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            given = self.headers.get("Authorization", "")
+            if token is not None and not hmac.compare_digest(given, f"Bearer {token}"):
+                return self._refuse(401, "no or wrong bearer token")
+            try:
+                size = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                return self._refuse(400, "Content-Length is not a number")
+            if not 0 <= size <= MAX_FRAME:
+                return self._refuse(413, f"a body of {size} bytes is over {MAX_FRAME}")
+            body = self.rfile.read(size)
             status, kind, out = handle(
                 self.command, self.path, self.headers.get("Content-Type", ""), body
             )
@@ -594,8 +617,11 @@ def request_handler(handle):
     return Handler
 
 
-def serve_http(env: Environment, port: int) -> None:
-    ThreadingHTTPServer(("0.0.0.0", port), request_handler(env.routes.handle)).serve_forever()
+def serve_http(env: Environment, port: int, token: str, bind: str = "127.0.0.1") -> None:
+    """The routes over HTTP, to callers that hold `token` only: whoever reaches this port can
+    run commands in the environment. Loopback unless a forwarded port needs another `bind`."""
+    handler = request_handler(env.routes.handle, token=token)
+    ThreadingHTTPServer((bind, port), handler).serve_forever()
 
 
 def main(argv=None) -> None:
@@ -605,7 +631,11 @@ def main(argv=None) -> None:
     where.add_argument("--http", type=int, metavar="PORT")
     where.add_argument("--port", metavar="NAME", help="a virtio-serial port (a QEMU guest)")
     p.add_argument("--size", help="start the display at WxH (HTTP mode)")
+    p.add_argument("--token-file", help="HTTP mode: the bearer token callers must send")
+    p.add_argument("--bind", default="127.0.0.1", help="HTTP mode: the address to listen on")
     args = p.parse_args(argv)
+    if args.http is not None and not args.token_file:
+        p.error("--http needs --token-file: whoever reaches the port runs commands here")
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     env = Environment(Display())
     if args.stdio:
@@ -616,7 +646,10 @@ def main(argv=None) -> None:
     else:
         if args.size:
             env.display.start(*(int(v) for v in args.size.split("x")))
-        serve_http(env, args.http)
+        token = Path(args.token_file).read_text().strip()
+        if len(token) < 16:
+            p.error(f"{args.token_file}: a token of at least 16 characters is needed")
+        serve_http(env, args.http, token, args.bind)
 
 
 if __name__ == "__main__":
