@@ -136,13 +136,23 @@ def test_twenty_restores_each_give_back_the_saved_desktop(pool, taskset):
 
 
 @needs_qemu
-def test_the_qemu_process_runs_under_its_seccomp_filter(pool):
+def test_the_qemu_process_runs_confined(pool):
     """QEMU runs the guest's code: a device-emulation escape must land in a process that cannot
-    start programs or raise its privileges (envs/qemu/vm.py HOST_SANDBOX)."""
+    start programs, and (where the host is root) holds no uid the host trusts
+    (envs/qemu/vm.py host_confinement)."""
+    import pwd
+
+    from envab.envs.qemu.vm import QEMU_USER
+
     status = Path(f"/proc/{pool.slots[0].vm.proc.pid}/status").read_text()
-    seccomp = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-    assert seccomp["Seccomp"].strip() == "2", "QEMU runs without a seccomp filter"
-    assert seccomp["NoNewPrivs"].strip() == "1"
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert fields["Seccomp"].strip() == "2", "QEMU runs without a seccomp filter"
+    assert fields["NoNewPrivs"].strip() == "1"
+    uids = set(fields["Uid"].split())
+    if os.geteuid() == 0:
+        assert uids == {str(pwd.getpwnam(QEMU_USER).pw_uid)}, f"QEMU kept uids {uids}"
+    else:
+        assert uids == {str(os.geteuid())}
 
 
 def guest_shell(vm, line: str, timeout: float = 20.0) -> str:
