@@ -72,6 +72,20 @@ def facts(evaluator, http) -> float:
     return 1.0
 
 
+def orphan(evaluator, http) -> float:
+    """Leave a process behind that detaches (its own session), and tell the host its pid (as the
+    host sees it: /proc is the host's)."""
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        os.write(write, os.readlink("/proc/self").encode())
+        time.sleep(3600)
+        os._exit(0)
+    pid = os.read(read, 32)
+    http("POST", "/file", "text/plain", pid)
+    return 1.0
+
+
 def other_route(evaluator, http) -> float:
     """Ask for a route the desktop's getters do not read: 1.0 when refused (403)."""
     reply = http("POST", "/run_python", "application/json", b'{"code": "print(1)"}')
@@ -122,7 +136,7 @@ def answer(evaluator, http):
 PROBES = {
     f.__name__: f
     for f in (
-        *(write_marker, connect, facts, other_route, hang),
+        *(write_marker, connect, facts, orphan, other_route, hang),
         *(exit_early, allocate, raw_frame, raw_bytes, answer),
     )
 }

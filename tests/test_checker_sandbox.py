@@ -29,14 +29,14 @@ ROOT = os.geteuid() == 0
 
 
 def _why_not() -> str | None:
-    """Why this machine cannot confine a checker: it needs a network namespace (root, or an
-    unprivileged user namespace), tried in a throw-away child."""
+    """Why this machine cannot confine a checker: it needs network and process namespaces (root,
+    or an unprivileged user namespace), tried in a throw-away child."""
     if sys.platform != "linux":
         return "the checker's confinement is Linux's (namespaces, prctl)"
-    flags = 0x40000000 if ROOT else 0x50000000  # CLONE_NEWNET, with CLONE_NEWUSER if not root
+    flags = 0x60000000 if ROOT else 0x70000000  # CLONE_NEWNET|NEWPID, with NEWUSER if not root
     code = f"import ctypes,sys; sys.exit(ctypes.CDLL(None).unshare({flags}))"
     if subprocess.run([sys.executable, "-c", code]).returncode != 0:
-        return "no network namespace here (not root and no user namespaces)"
+        return "no network or process namespace here (not root and no user namespaces)"
     return None
 
 
@@ -130,7 +130,7 @@ def test_postconfig_runs_on_the_host_through_the_environment_and_failures_are_in
     assert v.valid and v.score == 1.0 and access.postconfig_steps == [steps]
     # a getter this desktop does not serve: the checker raises, the attempt is invalid, named
     audit = {}
-    v = checked(evaluate.check, {**DIFF, "result": {"type": "cloud_file"}}, access, audit)
+    v = checked(evaluate.check, {**DIFF, "result": {"type": "accessibility_tree"}}, access, audit)
     assert not v.valid and v.failed_gates == (Gate.VERIFIER_AVAILABLE,)
     assert audit["checker_failure"] == "crash" and "Unavailable" in audit["checker_error"]
 
@@ -187,6 +187,21 @@ def test_a_checker_cannot_reach_a_listener_on_the_host():
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody came
         assert _module().connect({"hosts": hosts, "port": port}, None) == 0.0  # the control
+
+
+def test_nothing_a_checker_starts_outlives_it():
+    env = Environment({})
+    assert _probe("orphan", env) == 1.0
+    ((_, _, pid),) = env.requests
+    pid = int(pid)
+    for _ in range(50):  # the namespace's end is the kernel's, an instant after the checker's
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    pytest.fail(f"process {pid}, started by the checker, outlived it")
 
 
 def test_a_checker_gets_only_the_routes_the_getters_read():

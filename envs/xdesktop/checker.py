@@ -4,19 +4,21 @@ A task file names the getters and metrics, and everything a getter fetches comes
 environment, so both are untrusted; the freeze refuses the metrics known to evaluate or execute
 text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`run`) starts
 `python -m envab.envs.xdesktop.checker` for one evaluation, which confines itself
-(`envab.envs.xdesktop.confine`) before it reads anything the task or environment wrote:
+(`envab.envs.xdesktop.confine`) before it runs anything the task names:
 
-- no new privileges; a network namespace of its own with only loopback, where the relay that
+- before it reads the task: no new privileges; a process namespace of its own (nothing it starts
+  outlives it) and a network namespace of its own with only loopback, where the relay that
   desktop-env's controller talks to listens inside this process; each HTTP request the relay
   gets goes to the host as a frame on the process's standard output, and the host answers it on
   standard input with the environment's `http` callable, only for the routes the desktop's
   getters read (`routes`; anything else is answered 403). The environment still serves the
   files; the checker reaches nothing else.
-- then, after importing the metrics and getters it was asked for (`preload`: the interpreter
-  and its packages need not be readable by the checker's uid), resource limits, the
-  unprivileged uid and gid (`Limits`, nobody/nogroup by default; a host that is not root keeps
-  its uid), no capabilities, an environment holding only HOME and TMPDIR, both its private
-  folder (owned by that uid, removed afterwards), where its cache lives and its cwd is.
+- having imported the metrics and getters the task names (`preload`, from desktop-env's own
+  modules by name only; so the interpreter need not be readable by the checker's uid): resource
+  limits, the unprivileged uid and gid (`Limits`, nobody/nogroup by default; a host that is not
+  root keeps its uid), no capabilities, an environment holding only HOME and TMPDIR, both its
+  private folder (owned by that uid, removed afterwards), where its cache lives and its cwd is.
+  Only then does a getter or metric run.
 
 Frames are the channel's (`envs/host/channel.py`: length-prefixed JSON, bytes as base64): the
 checker sends `{"http": [method, path, content type, body]}` (at most `REQUEST_MAX` bytes) and
@@ -25,10 +27,10 @@ ends with `{"score": x}` or `{"error": name}`. The host takes a score only as a 
 by the total deadline (then it is killed) — raises `CheckerFailed`, whose `failure` the pool
 records as the audit flag `checker_<failure>` of an invalid attempt (gate verifier_available).
 
-Where the confinement cannot be had (no network namespace: not root and no user namespaces; a
-uid change refused), the checker refuses: `{"error": "ConfinementError"}`, failure `sandbox`.
-It never runs a metric unconfined, because a task set one cannot score is better refused than a
-host that runs a task file's choice of code.
+Where the confinement cannot be had (no network or process namespace: not root and no user
+namespaces; a uid change refused), the checker refuses with `{"error": "ConfinementError"}`,
+failure `sandbox`. It never runs a metric unconfined: a task set a machine cannot score is
+better refused than a host that runs a task file's choice of code.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ENTRY = "envab.envs.xdesktop.evaluate"  # its `preload(evaluator)`, `score(evaluator, http)`
 REQUEST_MAX = 2**20  # the largest frame the host reads from a checker: a request, or its score
+EXIT_GRACE_S = 2.0  # how long a checker that answered a score gets to exit before it is killed
 STDERR_TAIL = 2000  # characters of a failed checker's standard error kept in the log
 JOB = "job.json"
 # What the interpreter imports lazily on common paths (a host name's encoding in every connect
@@ -118,15 +121,18 @@ def run(
                 env={"HOME": home, "TMPDIR": home},
                 start_new_session=True,  # its own process group, killed as one
             )
+            grace = 0.0
             try:
-                return _serve(proc, http, frozenset(routes), limits)
+                score = _serve(proc, http, frozenset(routes), limits)
+                grace = EXIT_GRACE_S
+                return score
             except CheckerFailed as e:
                 stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - STDERR_TAIL))
                 tail = stderr.read().decode("utf-8", "replace").strip()
                 log.warning("checker failed (%s): %s\n%s", e.failure, e, tail)
                 raise
             finally:
-                _end(proc)
+                _end(proc, grace)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -208,13 +214,18 @@ def _ended(proc: subprocess.Popen) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Kill the checker's process group, whatever it is doing, and reap it."""
+def _end(proc: subprocess.Popen, grace: float) -> None:
+    """Kill the checker's process group, whatever it is doing, and reap it. One that answered
+    gets `grace` seconds to exit first, so that it reaps its own (the first process of its
+    namespace) rather than leave that to the machine's init."""
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    for pipe in (proc.stdin, proc.stdout):
-        with contextlib.suppress(OSError):
-            pipe.close()
+    with contextlib.suppress(OSError):
+        proc.stdout.close()
     proc.wait()
 
 
@@ -255,7 +266,7 @@ def main(argv=None) -> int:
     os.dup2(2, 1)
     try:
         confine.no_new_privileges()
-        confine.isolate_network()
+        confine.isolate()
         evaluator = json.loads(Path(args.home, JOB).read_text())["evaluator"]
         for name in INTERPRETER_PRELOAD:
             importlib.import_module(name)

@@ -3,9 +3,10 @@ process (`envab.envs.xdesktop.checker`) calls these, in this order, on itself.
 
 1. `no_new_privileges`: nothing it executes can gain privileges (setuid binaries, file
    capabilities), it cannot be traced or dumped by its uid's other processes.
-2. `isolate_network` (while single-threaded: a namespace is a thread's): a network namespace of
-   its own with only loopback up, so it reaches nothing outside itself. Root unshares it
-   directly; another uid unshares a user namespace with it, keeping its uid outside.
+2. `isolate` (while single-threaded: a namespace is a thread's): a network namespace of its own
+   with only loopback up, so it reaches nothing outside itself, and a process namespace, so
+   nothing it starts outlives it. Root unshares them directly; another uid unshares a user
+   namespace with them, keeping its uid outside.
 3. `drop` (after the modules it needs are imported): resource limits (`Limits`), then, when root,
    the unprivileged uid and gid with no supplementary groups, then no capabilities at all, and
    death with its parent.
@@ -33,6 +34,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = struct.Struct("16sh22x")  # struct ifreq: the name, then ifr_flags in a 24-byte union
@@ -81,13 +83,25 @@ def no_new_privileges() -> None:
     _prctl(PR_SET_DUMPABLE, 0, "prctl(PR_SET_DUMPABLE)")
 
 
-def isolate_network() -> None:
-    """A fresh network namespace with loopback up (a relay inside the process listens there)."""
+def isolate() -> None:
+    """Fresh network and process namespaces: loopback only (a relay inside the process listens
+    there), and nothing the checker starts outlives it. The process forks into the new process
+    namespace: the parent only waits and exits as its child did; the child, the namespace's first
+    process (whose end takes every process it started with it, however they detach), returns."""
     threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:  # the other threads would stay in the host's namespace
+    if threads != 1:  # the other threads would stay in the host's namespaces
         raise ConfinementError(f"unshare: {threads} threads; only a single thread moves")
-    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
-    _ok(_libc().unshare(flags), "unshare(CLONE_NEWNET)")
+    flags = CLONE_NEWNET | CLONE_NEWPID
+    if os.geteuid() != 0:
+        flags |= CLONE_NEWUSER
+    _ok(_libc().unshare(flags), "unshare(CLONE_NEWNET | CLONE_NEWPID)")
+    pid = os.fork()
+    if pid:
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+            os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status))
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             name = b"lo"
