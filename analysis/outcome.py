@@ -2,11 +2,13 @@
 
 Inputs, per (arm, seed) run, each file named by one `--run`: pins.json, checkpoints.jsonl, run.json
 (the final counters and the stop reason) and eval/<checkpoint>.json (held-out results), with
-confirm.json where a confirmation is registered. Outputs: outcome.json; outcome.md with, in this
-order, the pre-registered primary endpoint (target.yaml: primary_endpoint), exact divergence and the
-curve checks (a gap between the arms' learning curves is a correctness finding that outranks any
-speed result), one row per arm and seed, the across-seed summary with the secondary endpoints
-(Holm-adjusted), and cost per valid rollout; the learning-curve figures; the outcome receipt.
+confirm.json where a confirmation is registered and trajectories.jsonl for each run's reward
+consistency (secondary, descriptive: analysis/reward_consistency.py). Outputs: outcome.json;
+outcome.md with, in this order, the pre-registered primary endpoint (target.yaml:
+primary_endpoint), exact divergence and the curve checks (a gap between the arms' learning curves
+is a correctness finding that outranks any speed result), one row per arm and seed, the
+across-seed summary with the secondary endpoints (Holm-adjusted), cost per valid rollout and each
+run's reward consistency; the learning-curve figures; the outcome receipt.
 
 A crossing that is not confirmed is not reached (analysis/time_to_target.py); a never-reached run
 is censored at the budget by every statistic (analysis/survival.py). With one seed per arm there
@@ -26,6 +28,7 @@ from envab.analysis.crossing import null_statement
 from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import convergence_ratio, curve_equivalence
 from envab.analysis.figures import plot_curves
+from envab.analysis.reward_consistency import consistency
 from envab.analysis.runs import RunRecords
 from envab.analysis.statistics import coincidence
 from envab.analysis.survival import (
@@ -104,6 +107,8 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         # still what evaluating this run's checkpoints costs
         "reused_evaluations": sum(bool(e.get("reused")) for e in run.evaluations.values()),
         "confirmation": _confirmation(run.confirmation),
+        # secondary, descriptive: same task, same actions, same reward? (a flaky verifier shows)
+        "reward_consistency": consistency(run.trajectories),
     }
 
 
@@ -556,6 +561,33 @@ def _secondary_lines(secondary: list[dict]) -> list[str]:
     return lines or ["- –"]
 
 
+def _consistency_lines(rows: list[dict]) -> list[str]:
+    """Each run's reward consistency: descriptive, no test (analysis/reward_consistency.py)."""
+    lines = [
+        "",
+        "## Reward consistency (secondary, descriptive)",
+        "",
+        "In a deterministic environment valid attempts at one task with the same actions get the "
+        "same reward; a group that disagrees points at a flaky verifier or environment.",
+        "",
+    ]
+    for r in rows:
+        c = r.get("reward_consistency") or {}
+        if "comparable_groups" not in c:
+            text = f"not checked ({c.get('reason', 'no trajectories.jsonl')})"
+        else:
+            text = (
+                f"{c['disagreeing_groups']} of {c['comparable_groups']} comparable groups "
+                f"disagree ({c['comparable_attempts']} of {c['valid_attempts']} valid attempts "
+                "in a comparable group)"
+            )
+            if c["examples"]:
+                e = c["examples"][0]
+                text += f", e.g. {e['task_id']}: rewards {e['rewards']}"
+        lines.append(f"- {r['arm']} seed {r['seed']}: {text}")
+    return lines
+
+
 def render_markdown(outcome: dict) -> str:
     t = outcome["target"]
     lines = [
@@ -679,6 +711,7 @@ def render_markdown(outcome: dict) -> str:
                 else ""
             )
         )
+    lines += _consistency_lines(outcome["runs"])
     lines += ["", f"Pins (everything but arm and seed): `{outcome['comparable_sha256']}`", ""]
     return "\n".join(lines)
 

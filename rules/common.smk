@@ -193,10 +193,11 @@ def run_records(arm, seed):
 
 
 def outcome_run_records(arm, seed):
-    """A run's records as the outcome reads them: with its confirmatory evaluation, where one
-    is registered."""
+    """A run's records as the outcome reads them: with its trajectories (each run's reward
+    consistency; a control's base run's, for the corruption's comparison) and its confirmatory
+    evaluation, where one is registered."""
     confirmed = [f"{run_dir(arm, seed)}/confirm.json"] if PREREG.confirmation else []
-    return run_records(arm, seed) + confirmed
+    return run_records(arm, seed) + [f"{run_dir(arm, seed)}/trajectories.jsonl"] + confirmed
 
 
 def all_run_records(wildcards):
@@ -209,8 +210,9 @@ def run_arguments(wildcards):
 
 
 def control_pairs():
-    """The runs the controls compare: each control's, and its base arm's on the same seed; a
-    control's run also names its trajectories (the handicap counts set-ups in it)."""
+    """The runs the controls compare: each control's, and its base arm's on the same seed; both
+    name their trajectories (the handicap counts set-ups in them, the reward consistency groups
+    attempts by task and actions)."""
     base = sorted({(CONTROL_BASE[arm], seed) for arm, seed in CONTROL_RUNS})
     return [(run, False) for run in base] + [(run, True) for run in CONTROL_RUNS]
 

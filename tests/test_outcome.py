@@ -195,6 +195,27 @@ def test_one_seed_per_arm_makes_no_arm_level_claim(tmp_path):
     assert text.index(claim) < text.index("exact divergence")
 
 
+def test_every_run_shows_its_reward_consistency(tmp_path):
+    """Secondary and descriptive: same task, same actions, same reward; no test is run."""
+    flaky = [
+        {"task_id": "t1", "actions_sha256": "a", "verdict": "valid", "reward": r}
+        for r in (1.0, 0.0, 1.0)
+    ]
+    runs = [
+        load(tmp_path, "restore", 1, [0.2, 0.4, 0.6], 2.0),
+        load(tmp_path, "drums", 1, [0.2, 0.4, 0.6], 1.0),
+    ]
+    runs[1].trajectories = flaky
+    outcome = compute_outcome(runs, PREREG)
+    rows = {r["arm"]: r["reward_consistency"] for r in outcome["runs"]}
+    assert rows["restore"]["verdict"] == "not checked"
+    assert (rows["drums"]["comparable_groups"], rows["drums"]["disagreeing_groups"]) == (1, 1)
+    text = render_markdown(outcome)
+    assert "## Reward consistency (secondary, descriptive)" in text
+    assert "- drums seed 1: 1 of 1 comparable groups disagree (3 of 3 valid attempts" in text
+    assert "- restore seed 1: not checked (no trajectories.jsonl)" in text
+
+
 def test_runs_pinned_differently_are_not_compared(tmp_path):
     runs = [
         load(tmp_path, "restore", 1, [0.5], 2.0, comparable="a"),
