@@ -186,9 +186,14 @@ def test_each_run_has_its_confirmation_or_says_it_had_nothing_to_confirm(answere
 
 
 def test_the_controls_ran_beside_the_a_b_with_their_registered_verdicts(answered):
-    controls = json.loads((answered.root / RESULTS / "controls.json").read_text())["controls"]
+    judged = json.loads((answered.root / RESULTS / "controls.json").read_text())
+    controls = judged["controls"]
     by_name = {c["name"]: c for c in controls}
     assert [c["verdict"] for c in controls] == ["as expected"] * 3, controls
+    # on CPU the A/A replays its base arm: determinism expected and observed, divergence decides
+    determinism = judged["determinism"]
+    assert (determinism["observed"], determinism["rules"]) == ("bit-deterministic", "deterministic")
+    assert determinism["verdict"] == "as expected"
     assert by_name["aa"]["seeds"][0]["divergence"]["verdict"] == "never"
     assert by_name["corruption"]["seeds"][0]["divergence"]["step"] == 1
     handicap = by_name["handicap"]["seeds"][0]["timing"]
