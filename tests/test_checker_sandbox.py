@@ -7,6 +7,7 @@ confinement that stopped working would fail these tests."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -119,6 +120,28 @@ def test_a_metric_that_prints_still_answers_one_frame():
         "expected": {"type": "rule", "rules": {"expected": "water the plants\n"}},
     }
     assert evaluate.evaluate(ev, env.http, lambda steps: None) == 1.0
+
+
+def test_a_table_metric_reads_a_spreadsheet_after_the_uid_change():
+    # compare_table opens the .xlsx with openpyxl, whose zip reader imports a codec lazily: on a
+    # host whose interpreter the checker's uid cannot read (under /root), that import would fail
+    # and desktop-env would swallow it as a 0, a wrong valid score (confine._reachable)
+    openpyxl = pytest.importorskip("openpyxl")
+    book = openpyxl.Workbook()
+    for row in (["item", "count"], ["apples", 7], ["pears", 4]):
+        book.active.append(row)
+    data = io.BytesIO()
+    book.save(data)
+    env = Environment({"/root/stock.xlsx": data.getvalue()})
+    cell = {"type": "check_cell", "sheet_idx": 0, "coordinate": "B2"}
+    ev = {
+        "func": "compare_table",
+        "result": {"type": "vm_file", "path": "/root/stock.xlsx", "dest": "stock.xlsx"},
+        "options": {"rules": [{**cell, "props": {"value": {"method": "eq", "ref": 7}}}]},
+    }
+    assert evaluate.evaluate(ev, env.http, lambda steps: None) == 1.0
+    ev["options"]["rules"][0]["props"]["value"]["ref"] = 8
+    assert evaluate.evaluate(ev, env.http, lambda steps: None) == 0.0
 
 
 def test_postconfig_runs_on_the_host_through_the_environment_and_failures_are_invalid():

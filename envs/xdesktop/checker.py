@@ -14,7 +14,8 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
   getters read (`routes`; anything else is answered 403). The environment still serves the
   files; the checker reaches nothing else.
 - having imported the metrics and getters the task names (`preload`, from desktop-env's own
-  modules by name only; so the interpreter need not be readable by the checker's uid): resource
+  modules by name only), with the interpreter's folders reachable after the uid change (as root,
+  in a mount namespace of its own: `confine._reachable`, for an interpreter under /root): resource
   limits, the unprivileged uid and gid (`Limits`, nobody/nogroup by default; a host that is not
   root keeps its uid), no capabilities, an environment holding only HOME and TMPDIR, both its
   private folder (owned by that uid, removed afterwards), where its cache lives and its cwd is.
@@ -72,11 +73,6 @@ REQUEST_MAX = 2**20  # the largest frame the host reads from a checker: a reques
 EXIT_GRACE_S = 2.0  # how long a checker that answered a score gets to exit before it is killed
 STDERR_TAIL = 2000  # characters of a failed checker's standard error kept in the log
 JOB = "job.json"
-# What the interpreter imports lazily on common paths (a host name's encoding in every connect
-# and request): imported before the uid changes, for a host whose interpreter that uid cannot
-# read (one installed under /root). A metric's own lazy imports there fail as a named crash.
-INTERPRETER_PRELOAD = ("encodings.idna", "encodings.ascii", "encodings.latin_1", "stringprep",
-                       "unicodedata", "email.parser", "http.client")  # fmt: skip
 
 Http = Callable[[str, str, str, bytes], Mapping]
 
@@ -268,8 +264,6 @@ def main(argv=None) -> int:
         confine.no_new_privileges()
         confine.isolate()
         evaluator = json.loads(Path(args.home, JOB).read_text())["evaluator"]
-        for name in INTERPRETER_PRELOAD:
-            importlib.import_module(name)
         module = _entry(args.entry)
         module.preload(evaluator)
         confine.drop(Limits(**json.loads(args.limits)))

@@ -5,7 +5,8 @@ process (`envab.envs.xdesktop.checker`) calls these, in this order, on itself.
    capabilities), it cannot be traced or dumped by its uid's other processes.
 2. `isolate` (while single-threaded: a namespace is a thread's): a network namespace of its own
    with only loopback up, so it reaches nothing outside itself, and a process namespace, so
-   nothing it starts outlives it. Root unshares them directly; another uid unshares a user
+   nothing it starts outlives it. Root unshares them directly, with a mount namespace in which
+   the interpreter's folders stay reachable after the uid change; another uid unshares a user
    namespace with them, keeping its uid outside.
 3. `drop` (after the modules it needs are imported): resource limits (`Limits`), then, when root,
    the unprivileged uid and gid with no supplementary groups, then no capabilities at all, and
@@ -13,7 +14,7 @@ process (`envab.envs.xdesktop.checker`) calls these, in this order, on itself.
 
 Each step raises `ConfinementError` naming what the kernel refused; the checker then refuses to
 run (its host counts a failed check), never runs unconfined. The standard library only: libc's
-`unshare`, `prctl` and `capset` through ctypes, `ioctl` for loopback.
+`unshare`, `prctl`, `mount` and `capset` through ctypes, `ioctl` for loopback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import os
 import resource
 import signal
 import socket
+import stat
 import struct
+import sys
 from dataclasses import dataclass
 from functools import cache
 
@@ -35,6 +38,9 @@ PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = struct.Struct("16sh22x")  # struct ifreq: the name, then ifr_flags in a 24-byte union
@@ -84,16 +90,16 @@ def no_new_privileges() -> None:
 
 
 def isolate() -> None:
-    """Fresh network and process namespaces: loopback only (a relay inside the process listens
-    there), and nothing the checker starts outlives it. The process forks into the new process
+    """Fresh network, process and (as root) mount namespaces: loopback only (a relay inside the
+    process listens there); nothing the checker starts outlives it; the interpreter's own folders
+    reachable after the uid change (`_reachable`). The process forks into the new process
     namespace: the parent only waits and exits as its child did; the child, the namespace's first
     process (whose end takes every process it started with it, however they detach), returns."""
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:  # the other threads would stay in the host's namespaces
         raise ConfinementError(f"unshare: {threads} threads; only a single thread moves")
-    flags = CLONE_NEWNET | CLONE_NEWPID
-    if os.geteuid() != 0:
-        flags |= CLONE_NEWUSER
+    root = os.geteuid() == 0
+    flags = CLONE_NEWNET | CLONE_NEWPID | (CLONE_NEWNS if root else CLONE_NEWUSER)
     _ok(_libc().unshare(flags), "unshare(CLONE_NEWNET | CLONE_NEWPID)")
     pid = os.fork()
     if pid:
@@ -109,6 +115,63 @@ def isolate() -> None:
             fcntl.ioctl(s, SIOCSIFFLAGS, _IFREQ.pack(name, flags | IFF_UP))
     except OSError as e:
         raise ConfinementError(f"loopback up: {e.strerror}") from None
+    if root:
+        _reachable(_interpreter_folders())
+
+
+def _interpreter_folders() -> set[str]:
+    """The folders the interpreter imports from: its path, and every loaded module's folder (an
+    editable install's mapping included)."""
+    folders = {p for p in sys.path if p}
+    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    for module in list(sys.modules.values()):
+        where = getattr(module, "__file__", None)
+        if isinstance(where, str):
+            folders.add(os.path.dirname(where))
+    return {os.path.realpath(f) for f in folders if os.path.isdir(f)}
+
+
+def _reachable(folders: set[str]) -> None:
+    """Make each of `folders` reachable by any uid in this mount namespace, so a lazy import
+    (a codec, a submodule) still works after the uid change. An interpreter installed under a
+    folder others cannot enter (/root, mode 0700) is the case: that folder is covered, here only,
+    by an empty tmpfs others may enter, with the needed entries bound back read-only, so the rest
+    of it stays out of sight. A folder still unreachable after that is a ConfinementError."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing here reaches the host's mounts
+    blocked: dict[str, set[str]] = {}  # the outermost folder others cannot enter -> its entries
+    for folder in sorted(folders):
+        parts = folder.strip("/").split("/")
+        for i in range(len(parts)):  # every folder above it, down to its parent
+            above = "/" + "/".join(parts[:i])
+            if not os.stat(above).st_mode & stat.S_IXOTH:
+                blocked.setdefault(above, set()).add(parts[i])
+                break
+    for above, entries in sorted(blocked.items()):
+        fds = {e: os.open(os.path.join(above, e), os.O_PATH) for e in entries}
+        try:
+            _mount("tmpfs", above, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+            for entry, fd in fds.items():
+                target = os.path.join(above, entry)
+                os.mkdir(target, 0o755)
+                _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+                _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+    for folder in sorted(folders):
+        walk = "/"
+        for part in folder.strip("/").split("/"):  # the folder itself too, this time
+            walk = os.path.join(walk, part)
+            if not os.stat(walk).st_mode & stat.S_IXOTH:
+                raise ConfinementError(f"{walk} stays closed to the checker's uid")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data=None) -> None:
+    mount = _libc().mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                      ctypes.c_char_p]  # fmt: skip
+    encoded = [None if v is None else os.fsencode(v) for v in (source, target, fstype, data)]
+    _ok(mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]), f"mount {target}")
 
 
 def drop(limits: Limits) -> None:

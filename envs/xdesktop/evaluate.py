@@ -255,7 +255,7 @@ def _parts(evaluator: Mapping) -> list[tuple]:
 
 def preload(evaluator: Mapping) -> None:
     """Import the metrics, getters and controller `evaluator` needs (the checker process does
-    this before it gives up its uid: the interpreter's files need not be readable after)."""
+    this before it gives up its uid, so a name it cannot load fails before any code runs)."""
     controller_class()
     for func, result, exp, _ in _parts(evaluator):
         load("metrics", func)
