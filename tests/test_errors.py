@@ -29,6 +29,8 @@ RUNTIME = {
     "DrumsError": "a host's answer to one request mid-run; open_arm reports a refused start "
     "as ArmError",
     "FaultsDisabled": "a fault switch sent to a host started without them: answered 403",
+    "FileNotFrozen": "a file a task downloads is not in the host's frozen store (or has other "
+    "bytes): the set-up gate fails, or the checker gets no file",
     "ForkUnsupported": "a backend that cannot fork: the caller creates sessions instead",
     "GateFailed": "a QEMU environment failed a gate: its episode is invalid",
     "NonConformance": "a backend broke the session protocol: a conformance test's failure",
@@ -38,6 +40,8 @@ RUNTIME = {
     "UnknownEnvironment": "no environment with that id: answered 404",
     "UnsampleableToken": "a turn held a token no turn may contain: its episode is invalid",
     "VMDied": "a QEMU VM died: its environment fails a gate",
+    "_Refused": "internal to the freeze's fetch: one URL that cannot be frozen, reported as "
+    "its task's reason (file:missing, ...) or refused by the tasks job",
     "_Unreachable": "internal to the Drums client: the host did not answer; carries the gate",
 }
 

@@ -97,7 +97,8 @@ def test_unless_the_rule_says_runnable_only_every_task_it_cannot_score_is_named(
     assert result.returncode == 2
     assert "cannot run on the X desktop; nothing written" in result.stderr.splitlines()[-1]
     for named in (
-        "download-1.json: task download-1: config step 'download' has no route",
+        "download-1.json: task download-1: config[0].parameters.files[0]: "
+        "http://127.0.0.1:9/notes.docx: not frozen (the tasks job freezes it with --files)",
         "infeasible-1.json: task infeasible-1: an infeasible task is scored",
         "unsafe-1.json: task unsafe-1: metric 'check_gnome_favorite_apps' runs code",
     ):
@@ -123,7 +124,7 @@ def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out
     reasons = {key: row["reasons"]["xdesktop"] for key, row in report["per_task"].items()}
     assert reasons == {
         "chrome/shared-1": ["app:chrome"],
-        "os/download-1": ["setup:download"],
+        "os/download-1": ["file:not_frozen"],  # no --files here: tests/test_task_files.py
         "os/infeasible-1": ["infeasible"],
         "os/plain-1": [],
         "os/unsafe-1": ["unsafe:metric:check_gnome_favorite_apps"],
@@ -133,7 +134,7 @@ def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out
     assert report["runnable"]["xdesktop"]["os"] == {"runnable": 1, "total": 4}
     assert report["per_task"]["chrome/shared-1"]["domain"] == "chrome"
     assert report["per_task"]["chrome/shared-1"]["id"] == "chrome.shared-1"
-    assert report["reasons"]["xdesktop"]["setup:download"] == 1
+    assert report["reasons"]["xdesktop"]["file:not_frozen"] == 1
     # every file is kept byte for byte, the ones the rule left out too
     copies = sorted(str(p.relative_to(out[0] / "sources")) for p in out[0].rglob("*.json")
                     if "sources" in p.parts)  # fmt: skip

@@ -96,8 +96,9 @@ def test_a_folder_frozen_without_copies_still_gives_one_line_a_task(tmp_path):
 
 def test_a_task_the_x_desktop_cannot_run_or_score_is_refused_at_freeze(tmp_path):
     """--runnable xdesktop: a metric whose module cannot load here (compare_docx_files needs
-    OCR), a getter that needs the network (cloud_file) or a route this desktop lacks is named
-    at freeze with its file, and nothing is written; the project's own X desktop tasks pass."""
+    OCR), an application the image lacks or a route this desktop lacks is named at freeze with
+    its file, and nothing is written; a cloud_file expectation is not among them (the store
+    serves it, tests/test_task_files.py); the project's own X desktop tasks pass."""
     out = tmp_path / "tasks.jsonl"
     cli = [sys.executable, "-m", "envab.envs.tasks.osworld", "--runnable", "xdesktop",
            "--tasks", str(out), "--report", str(tmp_path / "index.json")]  # fmt: skip
@@ -106,7 +107,8 @@ def test_a_task_the_x_desktop_cannot_run_or_score_is_refused_at_freeze(tmp_path)
     assert result.returncode == 2 and not out.exists()
     errors = result.stderr.splitlines()
     assert any("compare_docx_files" in e and "cannot load here" in e for e in errors), errors
-    assert any("expected getter 'cloud_file'" in e for e in errors), errors
+    assert any("application 'libreoffice'" in e for e in errors), errors
+    assert not any("getter 'cloud_file'" in e for e in errors), errors
     assert all(e.startswith("error: ") for e in errors)
     assert "cannot run on the X desktop; nothing written" in errors[-1]
     ours = REPO / "envs" / "xdesktop" / "tasks"
@@ -299,7 +301,7 @@ def test_with_an_arm_on_the_x_desktop_the_workflow_refuses_what_it_cannot_run(wo
     assert result.returncode != 0
     log = (workflow.root / "logs" / EXP / "tasks.log").read_text()
     assert "cannot run on the X desktop; nothing written" in log
-    assert "expected getter 'cloud_file' reads what this desktop does not serve" in log
+    assert "metric 'compare_docx_files' (docs.py) cannot load here" in log
 
 
 def test_every_fixture_task_names_metrics_and_getters_desktop_env_has():

@@ -53,6 +53,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the desktop: the Pillow desktop (default) or the real X desktop (gvisor or qemu)",
     )
     p.add_argument("--rootfs", help="the X desktop's root (python -m envab.envs.xdesktop.image)")
+    p.add_argument(
+        "--files",
+        help="the frozen task set's files.json: the files its tasks download are delivered from "
+        "the store beside it (envs/host/files.py), never fetched",
+    )
     # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.
     p.add_argument("--desktop", default=HostConfig.desktop, help=argparse.SUPPRESS)
     p.add_argument("--checker", default=HostConfig.checker, help=argparse.SUPPRESS)
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         sandbox_dir=args.sandbox_dir,
         world=args.world,
         rootfs=args.rootfs,
+        files=args.files,
     )
     app = build_app(config, host_token(args.token_file))
     if args.allow_faults:

@@ -40,6 +40,7 @@ from PIL import Image
 from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS, check_embedded_host
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
+from envab.envs.host.files import cloud_file_reply, is_cloud_file, stage_messages
 from envab.envs.host.gvisor import Gvisor, Sandbox
 from envab.envs.host.worker import load_object
 from envab.envs.protocol import (
@@ -54,6 +55,7 @@ from envab.envs.protocol import (
     is_blank,
     verdict_for,
 )
+from envab.envs.tasks.filestore import FileNotFrozen, FrozenFiles
 from envab.hashing import sha256_json
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,8 @@ class HostConfig:
     sandbox_dir: str | None = None  # images and runsc state (default: a temporary directory)
     world: str = "pillow"
     rootfs: str | None = None  # the X desktop's built root (python -m envab.envs.xdesktop.image)
+    # the frozen task set's files.json: the files a task downloads come from the store beside it
+    files: str | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -205,6 +209,7 @@ class Pool:
         self.zygote_pid: int | None = None
         self.sandboxes: Gvisor | None = None  # or a QemuDesktops: the same calls
         self.tasks = _served_tasks(config.tasks)
+        self.files = FrozenFiles(config.files) if config.files else None
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -318,6 +323,8 @@ class Pool:
                     ((env.channel, env.pid, _),) = self._spawn(self._zygote, 1, size)
         t1 = time.perf_counter()
         reply = None
+        if not env.quarantined:
+            self._stage(env, task["config"])
         if not env.quarantined:
             reply = self._call(
                 env,
@@ -623,6 +630,17 @@ class Pool:
             return None
         return reply
 
+    def _stage(self, env: Environment, steps: list) -> None:
+        """Deliver the files the `download` steps among `steps` name, from the frozen store
+        (envs/host/files.py); a file the store does not hold fails the set-up gate."""
+        try:
+            for message in stage_messages(steps, self.files):
+                if self._call(env, message, self.config.create_timeout_s, Gate.SETUP) is None:
+                    return
+        except FileNotFrozen as e:
+            log.warning("environment %s: %s", env.env_id, e)
+            self._quarantine(env, Gate.SETUP)
+
     def _quarantine(self, env: Environment, gate: str) -> None:
         env.failed_gates.append(str(gate))
         log.warning("environment %s quarantined: gate %s failed", env.env_id, gate)
@@ -683,8 +701,12 @@ class _Access:
         return reply
 
     def http(self, method: str, path: str, content_type: str, body: bytes) -> dict:
+        if is_cloud_file(path):  # a cloud_file expectation: from the frozen store, not the env
+            return cloud_file_reply(path, self.pool.files)
         request = ("http", method, path, content_type, body)
         return self._ask(request, self.pool.config.step_timeout_s)
 
     def postconfig(self, steps: list) -> None:
+        for message in stage_messages(steps, self.pool.files):  # FileNotFrozen: no score
+            self._ask(message, self.pool.config.create_timeout_s)
         self._ask(("postconfig", steps), self.pool.config.create_timeout_s)

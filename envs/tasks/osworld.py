@@ -33,7 +33,7 @@ import argparse
 import json
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,8 @@ class Frozen:
     # after `select`: every task loaded, and the per-task report (see `select`)
     loaded: list[SourcedTask] | None = None
     selection: dict | None = None
+    # the frozen files of the tasks (url -> {sha256, size}; envs/tasks/fetch.py), when frozen
+    files: dict | None = None
 
     def report(self) -> dict:
         by_domain: dict[str, int] = {}
@@ -90,6 +92,7 @@ class Frozen:
             "duplicates": self.duplicates,
             "source_sha256": {t.task["id"]: sha256_bytes(t.raw) for t in self.tasks},
             **(self.selection or {}),
+            **({"files": self.files} if self.files is not None else {}),
         }
 
 
@@ -375,7 +378,15 @@ class Unselectable(TaskSourceError):
         self.lines, self.summary = lines, summary
 
 
-def select(frozen: Frozen, rule: Mapping | None = None, world: str | None = None) -> Frozen:
+FilesCheck = Callable[[SourcedTask], list[tuple[str, str]]]
+
+
+def select(
+    frozen: Frozen,
+    rule: Mapping | None = None,
+    world: str | None = None,
+    files: FilesCheck | None = None,
+) -> Frozen:
     """The tasks `rule` (check_rule) chooses from `frozen`, with the per-task report.
 
     `world` is the arms' world ("xdesktop" when an arm plays the X desktop, else None): a task
@@ -386,7 +397,12 @@ def select(frozen: Frozen, rule: Mapping | None = None, world: str | None = None
     per task, its domain, whether it is runnable on each world in WORLDS or its reasons' names
     (`setup:download`, `getter:cloud_file`, `metric:compare_pptx_files`, `app:libreoffice`,
     `unsafe:...`), and whether the rule selected it; per world, runnable / total per domain
-    and each reason's count."""
+    and each reason's count.
+
+    `files`, when given, freezes the files a task downloads (envs/tasks/fetch.py's Freezer) and
+    says why they cannot be (`file:missing`, ...): it is asked only for a task the rule would
+    otherwise choose, so nothing is fetched for a task left out anyway, and its reasons count as
+    the others do."""
     rule = check_rule(rule or {})
     doms = rule.get("domains")
     present = {t.task.get("domain") or "_none" for t in frozen.tasks}
@@ -401,8 +417,12 @@ def select(frozen: Frozen, rule: Mapping | None = None, world: str | None = None
         domain = t.task.get("domain") or "_none"
         worlds = assess(t)
         blocking = worlds[world] if world else list(t.unscorable)
-        chosen = (doms is None or domain in doms) and not blocking
-        if (doms is None or domain in doms) and blocking and not rule.get("runnable"):
+        wanted = doms is None or domain in doms
+        if files is not None and wanted and not blocking and (gaps := files(t)):
+            worlds = {w: [*reasons, *gaps] for w, reasons in worlds.items()}
+            blocking = [*blocking, *gaps]
+        chosen = wanted and not blocking
+        if wanted and blocking and not rule.get("runnable"):
             bad.append(_named(t, blocking))
         if chosen:
             kept.append(t)
@@ -496,16 +516,41 @@ def main(argv: list[str] | None = None) -> int:
         help="the registered rule choosing the frozen subset, JSON: {domains: [...], runnable: "
         "true} (config tasks.osworld.select; see `select`)",
     )
+    p.add_argument(
+        "--files",
+        type=Path,
+        help="freeze every file the selected tasks download into FILES/files/<sha256>, with "
+        "the URL map FILES/files.json (envs/tasks/fetch.py); without it, a task that downloads "
+        "cannot run on the X desktop (file:not_frozen)",
+    )
+    p.add_argument(
+        "--files-config",
+        type=json.loads,
+        default={},
+        help="JSON: config tasks.osworld.files (mirror, expect, max_file_mb, max_total_mb, "
+        "deadline_s)",
+    )
     args = p.parse_args(argv)
     # Without a rule every task must load and be scorable, as before rules existed: the first
     # malformed file, or every task no verifier may score, refuses the freeze.
     strict = args.select is None
+    freezer = None
     try:
         if args.dir:
             frozen = load_dir(args.dir, args.index, strict=strict)
         else:
             frozen = load_jsonl(args.jsonl, strict=strict)
-        frozen = select(frozen, args.select, args.runnable)
+        from envab.envs.tasks import fetch  # it imports this module
+
+        if args.files is not None:
+            cfg = args.files_config
+            freezer = fetch.Freezer(args.files, mirror=cfg.get("mirror"),
+                                    expect=cfg.get("expect"),
+                                    limits=fetch.Limits.from_config(cfg))  # fmt: skip
+        files = freezer or (fetch.not_frozen if args.runnable else None)
+        frozen = select(frozen, args.select, args.runnable, files)
+        if freezer is not None:
+            frozen.files = freezer.write(t.task["id"] for t in frozen.tasks)
     except Unselectable as e:
         for line in [*e.lines, e.summary]:
             print(f"error: {line}", file=sys.stderr)
@@ -514,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    finally:
+        if freezer is not None:  # refused: the files fetched so far go (frozen: nothing to do)
+            freezer.discard()
     write(frozen, args.tasks, args.sources if args.dir else None, args.report)
     report = frozen.report()
     once = sum("kept" in d for d in frozen.duplicates)
@@ -526,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         if left
         else ""
     )
+    if frozen.files is not None:
+        stored = {e["sha256"]: e["size"] for e in frozen.files.values()}
+        out += f"; {len(frozen.files)} files frozen ({sum(stored.values())} bytes)"
     print(f"tasks: {report['tasks']} frozen, per domain {report['per_domain']}{dup}{out}")
     return 0
 

@@ -34,8 +34,9 @@ from functools import cache
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from envab.envs.host.files import CLOUD_FILE_ROUTE
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
-from envab.envs.xdesktop import checker
+from envab.envs.xdesktop import checker, cloud_files
 from envab.envs.xdesktop.confine import Limits
 from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
 
@@ -48,6 +49,8 @@ SERVED_GETTERS = {
     "vm_command_error": "/execute",
     "list_directory": "/list_directory",
     "vm_screen_size": "/screen_size",
+    # the host answers it from the task set's frozen files, not the environment (files.py)
+    "cloud_file": CLOUD_FILE_ROUTE,
 }
 # the in-environment server's routes a checker may ask for: what the served getters read
 ROUTES = frozenset(route for route in SERVED_GETTERS.values() if route)
@@ -141,7 +144,10 @@ def _getter(config: Mapping):
     kind = config.get("type")
     if kind not in SERVED_GETTERS:
         raise Unavailable(f"getter {kind!r} reads what this desktop does not serve")
-    return load("getters", f"get_{kind}")
+    getter = load("getters", f"get_{kind}")
+    if kind == "cloud_file":  # desktop-env's, its files placed in its cache from the store
+        return cloud_files.get_cloud_file
+    return getter
 
 
 # OSWorld's `related_apps` names (as its task files spell them) -> the application each needs.

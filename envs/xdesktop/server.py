@@ -37,6 +37,7 @@ import os
 import random
 import select
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -57,6 +58,9 @@ MAX_FRAME = 64 * 2**20  # as envs/host/channel.py: an answer past it is refused,
 # What a getter may read back: a file whose bytes fit a frame, a listing a metric can walk.
 MAX_FILE = 32 * 2**20
 MAX_LISTED, MAX_DEPTH = 10_000, 32
+# Where the host's frozen files wait for the set-up step that places them (`op_stage`): outside
+# HOME, so the state hash reads only what set-up placed; emptied after each set-up.
+STAGE = Path("/tmp/envab-files")
 
 
 def encode(message) -> bytes:
@@ -341,7 +345,8 @@ def parse_body(content_type: str, body: bytes) -> dict:
 
 # --- the environment: set-up steps, actions, state, faults -------------------------------------
 
-SETUP_STEPS = ("launch", "execute", "command", "sleep", "open", "activate_window", "close_window")
+SETUP_STEPS = ("launch", "execute", "command", "sleep", "open", "activate_window", "close_window",
+               "download")  # fmt: skip
 KEYS = {"enter", "tab", "backspace", "escape", "space", "up", "down", "left", "right", "delete",
         "home", "end", "pageup", "pagedown", "f2", "ctrl", "shift", "alt"}  # fmt: skip
 
@@ -354,6 +359,7 @@ class Environment:
         self.faults: dict = {}
         self.shown: tuple[bytes, int] | None = None
         self.machine = False  # the environment is a whole machine (a QEMU guest), not a process
+        self.staged: dict[str, Path] = {}  # url -> its file, delivered by the host (op_stage)
 
     def setup(self, config: list) -> None:
         """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate)."""
@@ -366,6 +372,9 @@ class Environment:
             if kind == "sleep":
                 time.sleep(float(params.get("seconds", 1)))
                 continue
+            if kind == "download":
+                self.download(params.get("files"))
+                continue
             route = {"launch": "setup/launch", "execute": "setup/execute",
                      "command": "setup/execute", "open": "setup/open_file",
                      "activate_window": "setup/activate_window",
@@ -376,6 +385,26 @@ class Environment:
                 raise SetupError(f"set-up step {kind}: {out.decode(errors='replace')[:200]}")
             if kind in ("execute", "command") and json.loads(out)["returncode"] != 0:
                 raise SetupError(f"set-up step {kind} exited {json.loads(out)['returncode']}")
+
+    def download(self, files) -> None:
+        """OSWorld's `download` step, its bytes from the host's store: each file was delivered
+        by `op_stage` before the set-up began. Nothing here reaches the network (a gVisor
+        sandbox has none), so a file the host did not deliver fails the set-up, named."""
+        if not isinstance(files, list) or not files:
+            raise SetupError("a download step's parameters.files must be a non-empty list")
+        for f in files:
+            url, path = f.get("url"), f.get("path")
+            if url not in self.staged:
+                raise SetupError(f"download {url}: not delivered from the host's frozen files "
+                                 "(this environment fetches nothing from the network)")  # fmt: skip
+            dest = Path(path).expanduser()
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.staged[url], dest)
+
+    def unstage(self) -> None:
+        for path in self.staged.values():
+            path.unlink(missing_ok=True)
+        self.staged.clear()
 
     def act(self, action: dict) -> None:
         import pyautogui
@@ -449,7 +478,10 @@ class Environment:
         t0 = time.perf_counter()
         self.display.start(*size)
         self.op_arm(faults)
-        self.setup(config)
+        try:
+            self.setup(config)
+        finally:
+            self.unstage()
         image = self.settled()
         self.shown = (png(image), self.steps)
         return {"state_sha256": self.state_hash(), "screenshot": self.shown[0],
@@ -491,8 +523,41 @@ class Environment:
                 "state_sha256": self.state_hash()}  # fmt: skip
 
     def op_postconfig(self, config):
-        self.setup(config)
+        try:
+            self.setup(config)
+        finally:
+            self.unstage()
         return {"state_sha256": self.state_hash()}
+
+    def op_stage(self, url, sha256, offset, data, size):
+        """One part of a file the next set-up downloads, from the host's store, in order:
+        `data` is its bytes from `offset` of `size`; the last part is checked against `sha256`
+        (the digest the freeze recorded for `url`) before the file counts as delivered."""
+        if not (
+            isinstance(sha256, str) and len(sha256) == 64 and set(sha256) <= set("0123456789abcdef")
+        ):
+            raise ValueError(f"{sha256!r} is not a sha256")
+        if not isinstance(data, bytes) or offset + len(data) > size:
+            raise ValueError(f"{url}: a part past its file's {size} bytes")
+        part = STAGE / f"{sha256}.part"
+        STAGE.mkdir(parents=True, exist_ok=True)
+        if offset == 0:
+            part.write_bytes(b"")
+        elif not part.exists() or part.stat().st_size != offset:
+            raise ValueError(f"{url}: a part at {offset} out of order")
+        with part.open("ab") as f:
+            f.write(data)
+        if offset + len(data) < size:
+            return {"staged": False}
+        digest = hashlib.sha256()
+        with part.open("rb") as f:
+            while chunk := f.read(2**20):
+                digest.update(chunk)
+        if digest.hexdigest() != sha256:
+            part.unlink()
+            raise ValueError(f"{url}: delivered bytes hash to {digest.hexdigest()}, not {sha256}")
+        self.staged[url] = part.replace(STAGE / sha256)
+        return {"staged": True}
 
     def op_state(self):
         return {"state": {"steps": self.steps}, "state_sha256": self.state_hash()}

@@ -1,0 +1,280 @@
+"""The freeze's files: every file a selected task downloads, fetched once and stored by content.
+
+Each URL a task names (`envs/tasks/downloads.py`) is fetched once per freeze — from the network,
+or from a mirror folder on a machine without one — into `files/<sha256>` beside the frozen task
+set, and the URL -> {sha256, size} map is written to `files.json` (`envs/tasks/filestore.py`).
+Bounded, since a task file is untrusted: http and https only, redirects only to http or https
+(at most MAX_REDIRECTS), at most `max_file_bytes` a file and `max_total_bytes` for the set, and a
+total deadline for each fetch.
+
+What a task's files can be refused for, by name (the per-task report's reasons): `file:scheme`
+(not http or https), `file:missing` (an HTTP error such as 404, no network, not in the mirror),
+`file:too_large`, `file:malformed` (a download step or cloud_file getter not in OSWorld's form).
+Under a registered rule with `runnable: true` such a task is left out and reported; otherwise it
+refuses the freeze (`envs/tasks/osworld.py`, `select`). A file whose bytes differ from the digest
+a registered map expects for its URL (`expect`) always refuses the freeze, naming the task, the
+URL and both digests: that is the change the map exists to catch.
+
+A mirror is laid out as a freeze writes its tasks folder: `files.json` and `files/<sha256>`
+(copy an earlier freeze's `<results>/<exp>/tasks/`); a URL is looked up in its map and its bytes
+checked against the digest before they are stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from envab.envs.tasks.downloads import SCHEMES, Malformed, downloads, problem
+from envab.envs.tasks.filestore import MAP, STORE, blob, read_map, write_map
+from envab.envs.tasks.osworld import SourcedTask, TaskSourceError
+from envab.hashing import sha256_file
+
+MIB = 2**20
+MAX_REDIRECTS = 5
+CHUNK = MIB
+STALL_S = 60.0  # the longest one read may wait for bytes
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_file_bytes: int = 512 * MIB
+    max_total_bytes: int = 8192 * MIB
+    deadline_s: float = 300.0  # one fetch, start to last byte (OSWorld's own timeout)
+
+    @classmethod
+    def from_config(cls, files: Mapping) -> Limits:
+        """`tasks.osworld.files` (config.schema.yaml): max_file_mb, max_total_mb, deadline_s."""
+        d = cls()
+        return cls(
+            int(files.get("max_file_mb", d.max_file_bytes // MIB)) * MIB,
+            int(files.get("max_total_mb", d.max_total_bytes // MIB)) * MIB,
+            float(files.get("deadline_s", d.deadline_s)),
+        )
+
+
+class FileChanged(TaskSourceError):
+    """A URL whose bytes are not the ones the registered map expects: always a refusal."""
+
+
+class _Refused(Exception):
+    """One URL that cannot be frozen: `reason` is its report name (file:missing, ...)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    max_redirections = MAX_REDIRECTS
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        bad = problem(newurl)
+        if bad:
+            raise urllib.error.URLError(f"redirected to {bad}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """http and https only: no file, ftp or data handler is there to be reached at all."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler(),
+        urllib.request.UnknownHandler(),
+        urllib.request.HTTPHandler(),
+        urllib.request.HTTPSHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        _HttpOnlyRedirects(),
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        opener.add_handler(handler)
+    return opener
+
+
+class Freezer:
+    """Fetches (or takes from `mirror`) the files of the tasks it is shown, into `out`'s
+    `files/` folder; `expect` is a registered files map (files.json's form) to hold them to."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        mirror: str | Path | None = None,
+        expect: str | Path | None = None,
+        limits: Limits = Limits(),
+    ):
+        self.out, self.limits = Path(out), limits
+        # Filled beside the last freeze's store, which `write` replaces only once the set is
+        # frozen: a refused freeze leaves what was there.
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.store = Path(tempfile.mkdtemp(prefix=f".{STORE}.", dir=self.out))
+        self.mirror = Path(mirror) if mirror is not None else None
+        self.mirrored = read_map(self.mirror / MAP)["files"] if self.mirror else None
+        self.expect = read_map(expect)["files"] if expect is not None else {}
+        self.expect_path = expect
+        self.files: dict[str, dict] = {}  # url -> {sha256, size}: fetched this freeze
+        self.refused: dict[str, _Refused] = {}  # url -> why not, so it is tried once
+        self.tasks: dict[str, list[str]] = {}  # task id -> its URLs (tasks with no problem)
+        self.opener = _opener()
+
+    # --- per task (the `files` callable `select` calls for each task it would choose) --------
+
+    def __call__(self, t: SourcedTask) -> list[tuple[str, str]]:
+        """Why `t`'s files cannot be frozen, as (reason, detail) items naming each URL (empty:
+        every file is stored); FileChanged when one differs from the registered map."""
+        try:
+            wanted = downloads(t.task)
+        except Malformed as e:
+            return [("file:malformed", str(e))]
+        problems, urls = [], []
+        for d in wanted:
+            try:
+                self._url(d.url)
+            except _Refused as e:
+                problems.append((e.reason, f"{d.where}: {d.url}: {e}"))
+                continue
+            got, want = self.files[d.url]["sha256"], self.expect.get(d.url, {}).get("sha256")
+            if want is not None and got != want:
+                raise FileChanged(
+                    f"{t.origin}: task {t.task['id']}: {d.url} ({d.where}) now has sha256 {got}, "
+                    f"the registered map ({self.expect_path}) expects {want}; nothing written"
+                )
+            urls.append(d.url)
+        if not problems and urls:
+            self.tasks[t.task["id"]] = urls
+        return problems
+
+    def _url(self, url: str) -> None:
+        if url in self.refused:
+            raise self.refused[url]
+        if url in self.files:
+            return
+        try:
+            bad = problem(url)
+            if bad:
+                raise _Refused("file:scheme", bad)
+            entry = self._from_mirror(url) if self.mirrored is not None else self._fetch(url)
+        except _Refused as e:
+            self.refused[url] = e
+            raise
+        self.files[url] = entry
+        total = sum(e["size"] for e in {e["sha256"]: e for e in self.files.values()}.values())
+        if total > self.limits.max_total_bytes:
+            raise TaskSourceError(
+                f"the task set's files reach {total} bytes with {url}, over the "
+                f"{self.limits.max_total_bytes} bytes a set may hold (tasks.osworld.files."
+                "max_total_mb); nothing written"
+            )
+
+    def _from_mirror(self, url: str) -> dict:
+        entry = self.mirrored.get(url)
+        if entry is None:
+            raise _Refused("file:missing", f"not in the mirror {self.mirror}")
+        if entry["size"] > self.limits.max_file_bytes:
+            raise _Refused("file:too_large", self._too_large(entry["size"]))
+        src = blob(self.mirror / STORE, entry["sha256"])
+        if not src.is_file() or sha256_file(src) != entry["sha256"]:
+            raise _Refused("file:missing", f"the mirror's {src} is missing or not its digest")
+        dest = blob(self.store, entry["sha256"])
+        if not dest.exists():
+            shutil.copyfile(src, dest)
+        return {"sha256": entry["sha256"], "size": entry["size"]}
+
+    def _fetch(self, url: str) -> dict:
+        """One GET, streamed to a temporary file in the store while it is hashed and counted."""
+        deadline = time.monotonic() + self.limits.deadline_s
+        digest, size = hashlib.sha256(), 0
+        fd, tmp = tempfile.mkstemp(prefix=".part-", dir=self.store)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                request = urllib.request.Request(url, headers={"User-Agent": "env-ab-freeze"})
+                # the socket's timeout bounds one wait; the deadline is checked after each read
+                wait = min(self._left(deadline), STALL_S)
+                with self.opener.open(request, timeout=wait) as reply:
+                    length = reply.headers.get("Content-Length")
+                    if length and length.isdigit() and int(length) > self.limits.max_file_bytes:
+                        raise _Refused("file:too_large", self._too_large(int(length)))
+                    while chunk := reply.read1(CHUNK):  # what one read brought: a drip is counted
+                        size += len(chunk)
+                        if size > self.limits.max_file_bytes:
+                            raise _Refused("file:too_large", self._too_large(size, "over"))
+                        digest.update(chunk)
+                        f.write(chunk)
+                        self._left(deadline)
+            entry = {"sha256": digest.hexdigest(), "size": size}
+            os.replace(tmp, blob(self.store, entry["sha256"]))
+            return entry
+        except urllib.error.HTTPError as e:
+            raise _Refused("file:missing", f"HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise _Refused("file:missing", f"not fetched ({reason})") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _left(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Refused("file:missing", f"not fetched within {self.limits.deadline_s} s")
+        return left
+
+    def _too_large(self, size: int, word: str = "") -> str:
+        said = f"{word} {size}" if word else str(size)
+        return (
+            f"{said} bytes, over the {self.limits.max_file_bytes} a file may have "
+            "(tasks.osworld.files.max_file_mb)"
+        )
+
+    # --- the freeze's output ----------------------------------------------------------------
+
+    def write(self, chosen: Iterable[str]) -> dict:
+        """files.json for the `chosen` task ids, and the store pruned to what it names (a file
+        of a task left out is not kept): the map, as the tasks job's report carries it."""
+        tasks = {tid: self.tasks[tid] for tid in sorted(chosen) if tid in self.tasks}
+        files = {url: self.files[url] for url in sorted({u for us in tasks.values() for u in us})}
+        keep = {e["sha256"] for e in files.values()}
+        for path in self.store.iterdir():
+            if path.name not in keep:
+                path.unlink()
+        final = self.out / STORE
+        if final.exists():
+            shutil.rmtree(final)
+        self.store.chmod(0o755)  # mkdtemp's folder is its owner's alone
+        os.replace(self.store, final)
+        self.store = final
+        write_map(self.out / MAP, files, tasks)
+        return files
+
+    def discard(self) -> None:
+        """A refused freeze: its partial store goes."""
+        if self.store != self.out / STORE:
+            shutil.rmtree(self.store, ignore_errors=True)
+
+
+def not_frozen(t: SourcedTask) -> list[tuple[str, str]]:
+    """Without a freeze of its files, each file `t` downloads is a reason it cannot run: the
+    X desktop gets a task's files only from the store (`file:not_frozen`)."""
+    try:
+        wanted = downloads(t.task)
+    except Malformed as e:
+        return [("file:malformed", str(e))]
+    return [
+        (
+            "file:not_frozen",
+            f"{d.where}: {d.url}: not frozen (the tasks job freezes it with --files)",
+        )  # fmt: skip
+        for d in wanted
+    ]
+
+
+__all__ = ["SCHEMES", "FileChanged", "Freezer", "Limits", "not_frozen"]
