@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 from envab.envs.arm_schema import ArmError, arm_settings, check_embedded_host
 from envab.envs.controls import ControlBackend
@@ -24,19 +25,25 @@ __all__ = ["ArmError", "arm_settings", "open_arm"]
 
 @contextmanager
 def open_arm(
-    arm_config: Mapping, *, log_path: str | None = None, allow_faults: bool = False
+    arm_config: Mapping,
+    *,
+    log_path: str | None = None,
+    allow_faults: bool = False,
+    files: str | Path | None = None,
 ) -> Iterator[Backend]:
     """The backend of `arm_config` for the block's length: a QEMU pool, a Drums host, or the
     embedded host started for the block (its output appended to `log_path`), wrapped by
     envs/controls.py where the arm is a control. `allow_faults` turns the fault switches
     (envs/faults.py) of the embedded host or the QEMU pool on (tests, reliability runs); no other
-    host is asked to."""
+    host is asked to. `files`: the frozen task set's files.json (`files_beside`), from whose
+    store an embedded X desktop host delivers the files the tasks download."""
     arm = arm_settings(arm_config)
     if "control" in arm:
         with open_arm(
             {k: v for k, v in arm.items() if k != "control"},
             log_path=log_path,
             allow_faults=allow_faults,
+            files=files,
         ) as backend:
             yield ControlBackend(backend, arm["control"])
         return
@@ -59,6 +66,8 @@ def open_arm(
         host_args = ["--world", "xdesktop"]
         if sandbox == "gvisor":
             host_args += ["--rootfs", _xdesktop_root(arm.get("rootfs"))]
+        if files is not None:
+            host_args += ["--files", str(files)]
     client = {}
     if sandbox == "qemu":
         # A guest under TCG starts an application in tens of seconds, not a sandbox's few.
@@ -79,6 +88,13 @@ def open_arm(
             yield backend
     except DrumsError as e:
         raise ArmError(str(e)) from None
+
+
+def files_beside(tasks: str | Path) -> Path | None:
+    """The files.json the freeze wrote beside a task set's `tasks` file (train.jsonl,
+    heldout.jsonl: `<results>/tasks/`), or None where its files were not frozen."""
+    path = Path(tasks).parent / "files.json"
+    return path if path.is_file() else None
 
 
 def _xdesktop_root(rootfs: str | None) -> str:

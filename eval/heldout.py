@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envab import machine_load, preregistration
-from envab.envs.arms import ArmError, open_arm
+from envab.envs.arms import ArmError, files_beside, open_arm
 from envab.envs.protocol import Gate, Verification
 from envab.eval.reuse import Store, evaluated_once, evaluation_key
 from envab.hashing import sha256_bytes, sha256_file
@@ -254,6 +254,7 @@ def play_checkpoint(
     console,
     what,
     receipts: Receipts,
+    files: Path | None = None,
 ) -> dict:
     """Load the checkpoint and play every episode of `protocol` on the evaluation arm (`backend`,
     its config; the console hears "<n> <what>" first): the result with its wall-clock, the
@@ -270,7 +271,7 @@ def play_checkpoint(
     episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
     console.say(f"{episodes} {what}")
     progress = EpisodeProgress(console, episodes)
-    with open_arm(backend) as arm:
+    with open_arm(backend, files=files) as arm:  # files: the tasks' frozen downloads
         result = evaluate(policy, arm, tasks, protocol, log=progress.episode)
     return {
         **result,
@@ -325,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 console,
                 f"held-out episodes on {prereg.evaluation.backend}",
                 receipts,
+                files_beside(args.heldout),
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
         )

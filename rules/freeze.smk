@@ -59,16 +59,30 @@ if "factory" in config["tasks"]:
             " --solutions {output.solutions}) > {log} 2>&1"
 
 elif "osworld" in config["tasks"]:
+    # The files the tasks download, frozen by content beside them (envs/tasks/fetch.py) where an
+    # arm plays the X desktop, the one world that runs OSWorld's tasks, or where the config says
+    # how (tasks.osworld.files: a mirror, a registered map, the caps).
+    OSWORLD_FILES = config["tasks"]["osworld"].get("files")
+    FREEZE_FILES = bool(RUNNABLE) or OSWORLD_FILES is not None
 
     rule tasks:
         input:
             receipt=PREREG_RECEIPT,
             examples=config["tasks"]["osworld"]["dir"],
             index=config["tasks"]["osworld"].get("index", []),
+            expect=(OSWORLD_FILES or {}).get("expect", []),  # a registered map: a change reruns
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
             sources=directory(f"{RESULTS}/tasks/osworld"),
             report=f"{RESULTS}/tasks/index.json",
+            **(
+                {
+                    "files": directory(f"{RESULTS}/tasks/files"),
+                    "file_map": f"{RESULTS}/tasks/files.json",
+                }
+                if FREEZE_FILES
+                else {}
+            ),
         params:
             index=lambda wildcards, input: f"--index {input.index}" if input.index else "",
             runnable=RUNNABLE,
@@ -76,6 +90,11 @@ elif "osworld" in config["tasks"]:
             select=(
                 f"--select {as_arg(config['tasks']['osworld']['select'])}"
                 if "select" in config["tasks"]["osworld"]
+                else ""
+            ),
+            files=(
+                f"--files {RESULTS}/tasks --files-config {as_arg(OSWORLD_FILES or {})}"
+                if FREEZE_FILES
                 else ""
             ),
         conda:
@@ -88,7 +107,7 @@ elif "osworld" in config["tasks"]:
             # Each task file copied byte for byte; a malformed one refused with its path.
             "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
             " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
-            " {params.runnable} {params.select} > {log} 2>&1"
+            " {params.runnable} {params.select} {params.files} > {log} 2>&1"
 
 else:
 

@@ -62,7 +62,7 @@ from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig
 
 from envab import machine_load, preregistration, signing
-from envab.envs.arms import open_arm
+from envab.envs.arms import files_beside, open_arm
 from envab.envs.placement import PlacementError, pin
 from envab.errors import Refusal, refused
 from envab.hashing import file_manifest, sha256_file
@@ -658,6 +658,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
             inputs.pins["arm_config"],
             log_path=rank_path(args.host_log, ranks),
             allow_faults=bool(inputs.faults),
+            files=files_beside(args.train),  # the tasks' downloads, frozen by content
         ) as backend,
     ):
         groups = ForkGroups(

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from envab import preregistration
-from envab.envs.arms import open_arm
+from envab.envs.arms import files_beside, open_arm
 from envab.envs.protocol import Backend
 from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, file_manifest
@@ -113,7 +113,7 @@ def train(args, console: Console) -> dict:
     check_split_file(args.tasks, receipts, "train")
     tasks = list(read_jsonl(args.tasks))
     solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
-    with open_arm(json.loads(args.arm)) as backend:
+    with open_arm(json.loads(args.arm), files=files_beside(args.tasks)) as backend:
         demos = demonstrations(tasks, solutions, guard, tools, backend)
     # torch, transformers and TRL load only now: a job that refuses its inputs answers at once.
     from transformers import set_seed
