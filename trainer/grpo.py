@@ -74,7 +74,7 @@ from envab.receipts import Receipts, utc_now
 from envab.run_receipts import write_training_receipt
 from envab.schema import ConfigError
 from envab.tracking import public_arm_config, start_run
-from envab.trainer import agent
+from envab.trainer import agent, preflight
 from envab.trainer.accounting import Ledger, Prices
 from envab.trainer.compute import Compute, check_cuda, compute_settings, grpo_kwargs, lora_config
 from envab.trainer.environment import GenerationClock, Run, environment_factory
@@ -683,6 +683,14 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
             tracker,
             ranks,
         )
+        # Before the first step: the screenshots reach the model, calls parse, the turns fit.
+        checks = preflight.run(
+            trainer,
+            prepared.processor,
+            next(iter(inputs.tasks.values())),
+            inputs.settings.max_turns,
+            inputs.settings.max_completion_length,
+        )
         resume_from = None
         if restart is not None:  # this rank's attempt ordinal and backend's draws as they were
             draws = restart.point.draws[ranks.index]
@@ -714,6 +722,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
             "placement": placement,
             "vllm": server,
             "processes": ranks.count,  # each with its own arm; rank 0 recorded every attempt
+            "preflight": checks,
         },
         args,
         outputs,
