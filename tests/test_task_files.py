@@ -356,3 +356,30 @@ def test_a_cloud_file_expectation_is_served_from_the_store_to_the_getter(tmp_pat
         got = get_cloud_file(env, {"type": "cloud_file", "multi": True, "path": [b_url, c_url],
                                    "dest": ["b.txt", "c.bin"], "gives": [0, 1]})  # fmt: skip
     assert [Path(p).read_bytes() for p in got] == [served[b_url], served[c_url]]
+
+
+def test_the_workflow_freezes_the_files_and_the_split_receipt_covers_their_map(workflow, hosts):
+    """Integration (a real Snakemake run): with an arm on the X desktop, the tasks job writes
+    files/ and files.json beside the task set, and the report that carries the map is a subject
+    of the split receipt."""
+    served = serve_set(hosts)
+    write_set(workflow.root / "osworld", hosts.url)
+
+    def config(c):
+        c["tasks"] = {"osworld": {"dir": "osworld", "select": {"runnable": True}}}
+        c["split"].update(stratify="domain", heldout_fraction=0.34)
+        c["arms"]["drums"]["world"] = "xdesktop"
+        c["training"]["sft"]["enabled"] = False  # no oracle demonstrations in this set
+
+    workflow.edit_config(config)
+    result = workflow.snakemake("--until", "split")
+    assert result.returncode == 0, result.stderr[-3000:]
+    tasks = next((workflow.root / "results").glob("*/tasks"))
+    mapped = json.loads((tasks / "files.json").read_text())
+    assert mapped["files"] == {u: {"sha256": sha(d), "size": len(d)} for u, d in served.items()}
+    for data in served.values():
+        assert (tasks / "files" / sha(data)).read_bytes() == data
+    receipt = json.loads(next((workflow.root / "receipts").glob("*/split.json")).read_text())
+    report = next(s for s in receipt["subject"] if s["name"].endswith("tasks/index.json"))
+    assert report["digest"]["sha256"] == sha((tasks / "index.json").read_bytes())
+    assert json.loads((tasks / "index.json").read_text())["files"] == mapped["files"]

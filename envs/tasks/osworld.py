@@ -21,9 +21,10 @@ refused with the file (or line) and the reason. The same inputs always give the 
 A field a file leaves out takes OSWorld's meaning (no `config`: no set-up). With a registered
 rule (`--select`, config `tasks.osworld.select`: domains, runnable only) every task loads, every
 file is copied, and the rule chooses the frozen subset: the report says, per task, whether it
-runs on each world or why not, by named reasons (`setup:download`, `getter:cloud_file`,
-`metric:compare_pptx_files`, `app:libreoffice`, `unsafe:...`); a task no verifier may score is
-never selected. Without a rule a task that cannot be scored (or run on the `--runnable` world)
+runs on each world or why not, by named reasons (`setup:chrome_open_tabs`, `getter:cache_file`,
+`metric:compare_pptx_files`, `app:libreoffice`, `file:missing`, `unsafe:...`); a task no
+verifier may score is never selected. With `--files` the files the chosen tasks download are
+frozen by content beside the set (envs/tasks/fetch.py), their URL map in the report. Without a rule a task that cannot be scored (or run on the `--runnable` world)
 refuses the freeze, every such task named.
 """
 
