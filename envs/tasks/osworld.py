@@ -24,7 +24,8 @@ file is copied, and the rule chooses the frozen subset: the report says, per tas
 runs on each world or why not, by named reasons (`setup:chrome_open_tabs`, `getter:cache_file`,
 `metric:compare_pptx_files`, `app:libreoffice`, `file:missing`, `unsafe:...`); a task no
 verifier may score is never selected. With `--files` the files the chosen tasks download are
-frozen by content beside the set (envs/tasks/fetch.py), their URL map in the report. Without a rule a task that cannot be scored (or run on the `--runnable` world)
+frozen by content beside the set (envs/tasks/fetch.py), their URL map in the report.
+Without a rule a task that cannot be scored (or run on the `--runnable` world)
 refuses the freeze, every such task named.
 """
 
