@@ -25,7 +25,11 @@ RUNTIME = {
     "ChannelClosed": "a worker's channel closed: its environment fails a gate",
     "ChannelTimeout": "a worker did not answer in time: its environment fails a gate",
     "CheckerError": "a checker could not run: the verifier-available gate fails",
+    "CheckerFailed": "the checker process gave no valid score (timeout, crash, garbage, ...): "
+    "the verifier-available gate fails, with the failure named",
     "CheckpointWriteError": "a checkpoint could not be written (a full disk); the run resumes",
+    "ConfinementError": "the kernel refused a step of the checker's confinement: it does not "
+    "score (CheckerFailed 'sandbox')",
     "DrumsError": "a host's answer to one request mid-run; open_arm reports a refused start "
     "as ArmError",
     "FaultsDisabled": "a fault switch sent to a host started without them: answered 403",

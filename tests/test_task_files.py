@@ -347,14 +347,16 @@ def test_a_cloud_file_expectation_is_served_from_the_store_to_the_getter(tmp_pat
     assert access.http("GET", "/cloud_file?url=http%3A%2F%2Fx%2Fy", "", b"")["status"] == 404
 
     from envab.envs.xdesktop.cloud_files import get_cloud_file
+    from envab.envs.xdesktop.evaluate import load
 
     with Relay(access.http) as relay:
         env = types.SimpleNamespace(
             http_server=f"http://127.0.0.1:{relay.port}", cache_dir=str(tmp_path / "cache")
         )
         (tmp_path / "cache").mkdir()
-        got = get_cloud_file(env, {"type": "cloud_file", "multi": True, "path": [b_url, c_url],
-                                   "dest": ["b.txt", "c.bin"], "gives": [0, 1]})  # fmt: skip
+        config = {"type": "cloud_file", "multi": True, "path": [b_url, c_url],
+                  "dest": ["b.txt", "c.bin"], "gives": [0, 1]}  # fmt: skip
+        got = get_cloud_file(load("getters", "get_cloud_file"), env, config)
     assert [Path(p).read_bytes() for p in got] == [served[b_url], served[c_url]]
 
 

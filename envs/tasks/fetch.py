@@ -36,7 +36,7 @@ from pathlib import Path
 
 from envab.envs.tasks.downloads import SCHEMES, Malformed, downloads, problem
 from envab.envs.tasks.filestore import MAP, STORE, blob, read_map, write_map
-from envab.envs.tasks.osworld import SourcedTask, TaskSourceError
+from envab.envs.tasks.source import SourcedTask, TaskSourceError
 from envab.hashing import sha256_file
 
 MIB = 2**20

@@ -40,7 +40,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from envab.envs.tasks import fetch
 from envab.envs.tasks.evaluators import bare_file_name, missing_named, unsafe_named
+from envab.envs.tasks.source import SourcedTask, TaskSourceError
 from envab.errors import Refusal
 from envab.hashing import sha256_bytes
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
@@ -56,20 +58,6 @@ ADDED = (
 DEFAULTS = {"config": []}
 WORLDS = ("xdesktop",)  # the worlds a per-task report says each task can run on (or why not)
 CONJ = ("and", "or")
-
-
-class TaskSourceError(Refusal, ValueError):
-    """A task source that cannot be frozen; the message names the file or line and the reason."""
-
-
-@dataclass(frozen=True)
-class SourcedTask:
-    task: dict  # the task's JSON, with the fields in ADDED when it came from a directory
-    raw: bytes  # the original bytes (a file, or a tasks.jsonl line)
-    origin: str  # the file (relative to the source) or "tasks.jsonl:<line>"
-    # why no verifier here may score it, on any world: (reason, detail), e.g. a metric that
-    # runs code on the host ("unsafe:metric:<name>") or one desktop-env lacks ("unknown:...")
-    unscorable: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -542,8 +530,6 @@ def main(argv: list[str] | None = None) -> int:
             frozen = load_dir(args.dir, args.index, strict=strict)
         else:
             frozen = load_jsonl(args.jsonl, strict=strict)
-        from envab.envs.tasks import fetch  # it imports this module
-
         if args.files is not None:
             cfg = args.files_config
             freezer = fetch.Freezer(args.files, mirror=cfg.get("mirror"),

@@ -20,10 +20,9 @@ from envab.envs.tasks.downloads import Download, downloads
 TIMEOUT_S = 120.0
 
 
-def get_cloud_file(env, config: Mapping):
-    """desktop-env's `get_cloud_file(env, config)`, each file from the host's store."""
-    from envab.envs.xdesktop.evaluate import load
-
+def get_cloud_file(desktop_env_getter, env, config: Mapping):
+    """desktop-env's `get_cloud_file(env, config)` (`desktop_env_getter`, as evaluate.load
+    loads it), each file from the host's store."""
     for d in _files(config):
         query = urlencode({"url": d.url})
         with urllib.request.urlopen(f"{env.http_server}{CLOUD_FILE_ROUTE}?{query}",
@@ -31,7 +30,7 @@ def get_cloud_file(env, config: Mapping):
             data = reply.read()
         with open(os.path.join(env.cache_dir, d.dest), "wb") as f:  # dest: a bare name
             f.write(data)
-    return load("getters", "get_cloud_file")(env, config)
+    return desktop_env_getter(env, config)
 
 
 def _files(config: Mapping) -> list[Download]:

@@ -22,6 +22,7 @@ The getters this desktop can serve are `SERVED_GETTERS`; anything else is `Unava
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -146,7 +147,7 @@ def _getter(config: Mapping):
         raise Unavailable(f"getter {kind!r} reads what this desktop does not serve")
     getter = load("getters", f"get_{kind}")
     if kind == "cloud_file":  # desktop-env's, its files placed in its cache from the store
-        return cloud_files.get_cloud_file
+        return functools.partial(cloud_files.get_cloud_file, getter)
     return getter
 
 
