@@ -99,7 +99,6 @@ def test_unless_the_rule_says_runnable_only_every_task_it_cannot_score_is_named(
     for named in (
         "download-1.json: task download-1: config[0].parameters.files[0]: "
         "http://127.0.0.1:9/notes.docx: not frozen (the tasks job freezes it with --files)",
-        "infeasible-1.json: task infeasible-1: an infeasible task is scored",
         "unsafe-1.json: task unsafe-1: metric 'check_gnome_favorite_apps' runs code",
     ):
         assert named in result.stderr
@@ -115,23 +114,24 @@ def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out
     for name in ("tasks.jsonl", "index.json"):  # byte for byte, freeze after freeze
         assert (out[0] / name).read_bytes() == (out[1] / name).read_bytes()
     frozen = [json.loads(line) for line in (out[0] / "tasks.jsonl").read_text().splitlines()]
-    assert [t["id"] for t in frozen] == ["plain-1"]
+    # an infeasible task runs: the host scores it from the agent's last action
+    assert [t["id"] for t in frozen] == ["infeasible-1", "plain-1"]
     report = json.loads((out[0] / "index.json").read_text())
-    assert report["loaded"] == 6 and report["tasks"] == 1
+    assert report["loaded"] == 6 and report["tasks"] == 2
     assert report["selection"] == {
-        "rule": {"runnable": True}, "world": "xdesktop", "selected": 1, "left_out": 5,
+        "rule": {"runnable": True}, "world": "xdesktop", "selected": 2, "left_out": 4,
     }  # fmt: skip
     reasons = {key: row["reasons"]["xdesktop"] for key, row in report["per_task"].items()}
     assert reasons == {
         "chrome/shared-1": ["app:chrome"],
         "os/download-1": ["file:not_frozen"],  # no --files here: tests/test_task_files.py
-        "os/infeasible-1": ["infeasible"],
+        "os/infeasible-1": [],
         "os/plain-1": [],
         "os/unsafe-1": ["unsafe:metric:check_gnome_favorite_apps"],
         "thunderbird/shared-1": ["app:thunderbird"],
     }
     assert not report["per_task"]["os/unsafe-1"]["selected"]  # never, whatever the rule
-    assert report["runnable"]["xdesktop"]["os"] == {"runnable": 1, "total": 4}
+    assert report["runnable"]["xdesktop"]["os"] == {"runnable": 2, "total": 4}
     assert report["per_task"]["chrome/shared-1"]["domain"] == "chrome"
     assert report["per_task"]["chrome/shared-1"]["id"] == "chrome.shared-1"
     assert report["reasons"]["xdesktop"]["file:not_frozen"] == 1
@@ -223,7 +223,7 @@ def test_every_official_task_loads_and_the_report_names_why_each_other_one_is_ou
     for key, row in report["per_task"].items():
         reasons = row["reasons"]["xdesktop"]
         assert row["selected"] == (not reasons), key  # out only with a named reason
-        assert all(":" in r or r == "infeasible" for r in reasons), key
+        assert all(":" in r for r in reasons), key
     unsafe = [k for k, r in report["per_task"].items() if any(
         x.startswith("unsafe:") for x in r["reasons"]["xdesktop"])]  # fmt: skip
     assert unsafe and not any(report["per_task"][k]["selected"] for k in unsafe)

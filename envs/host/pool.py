@@ -131,6 +131,7 @@ class Environment:
     faults: Faults = field(default_factory=Faults)
     generation: int = 0
     steps: int = 0
+    last_action: str | None = None  # the action_type of the last action it took (a fork's too)
     state_sha256: str | None = None
     failed_gates: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -401,6 +402,7 @@ class Pool:
                 parent=parent.env_id,
                 generation=parent.generation,
                 steps=parent.steps,
+                last_action=parent.last_action,
                 state_sha256=hello["state_sha256"],
                 faults=child_faults,
             )
@@ -443,6 +445,7 @@ class Pool:
                     if env.steps + 1 == env.faults.restart_host_at_step:
                         self._die(env)  # no answer: the host is gone
                     env.steps += 1
+                    env.last_action = action["action_type"]
                     env.generation += 1
                     png = self._screen(env, reply)
                     if not env.quarantined and env.steps == env.faults.unknown_gate_at_step:
@@ -517,6 +520,14 @@ class Pool:
             if reply is None:
                 return self._verification(env.failed_gates, audit)
             audit["state_sha256"] = reply["state_sha256"]
+            # A world whose tasks are scored from the agent's last action first (OSWorld's:
+            # infeasible tasks, and FAIL on a feasible one) needs no checker for those.
+            final = getattr(self.check, "final_action", None)
+            score = final(env.task["evaluator"], env.last_action) if final else None
+            if score is not None:
+                audit["final_action"] = env.last_action
+                audit["trusted"] = True
+                return Verification(score, True, Verdict.VALID, (), audit).to_dict()
             # A checker that reads the environment itself (OSWorld's getters) gets access to
             # it, under the environment's lock, instead of a snapshot of its state.
             state = _Access(self, env) if self.reads_environment else reply["state"]

@@ -196,13 +196,7 @@ def blockers(task: Mapping) -> list[tuple[str, str]]:
                 )
     funcs = ev.get("func")
     for func in funcs if isinstance(funcs, list) else [funcs]:
-        if func == INFEASIBLE:
-            gaps.append(
-                (
-                    INFEASIBLE,
-                    "an infeasible task is scored from the agent's last action, not here yet",
-                )
-            )
+        if func == INFEASIBLE:  # scored from the agent's last action (by_final_action)
             continue
         try:
             load("metrics", func)
@@ -243,6 +237,15 @@ def evaluate(
     if evaluator.get("func") == INFEASIBLE:
         raise Unavailable("an infeasible task is scored from the agent's last action")
     return checker.run(evaluator, http, ROUTES, limits)
+
+
+def by_final_action(evaluator: Mapping, last_action: str | None) -> float | None:
+    """OSWorld's rule on the agent's last action (DesktopEnv.evaluate): an infeasible task
+    scores 1 when the agent's last action was FAIL and 0 otherwise; a feasible one scores 0 when
+    it was FAIL, whatever its metric would say. None: the metric decides."""
+    if evaluator.get("func") == INFEASIBLE:
+        return 1.0 if last_action == "FAIL" else 0.0
+    return 0.0 if last_action == "FAIL" else None
 
 
 def _parts(evaluator: Mapping) -> list[tuple]:
@@ -308,3 +311,4 @@ def check(evaluator: Mapping, state) -> float:
 
 check.reads_environment = True  # the host passes the environment itself (envs/host/pool.py)
 check.partial_credit = True  # OSWorld's metrics may answer a fraction (envs/protocol.py: checked)
+check.final_action = by_final_action  # the host applies it before any checker runs
