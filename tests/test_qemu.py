@@ -136,23 +136,13 @@ def test_twenty_restores_each_give_back_the_saved_desktop(pool, taskset):
 
 
 @needs_qemu
-def test_the_qemu_process_runs_confined(pool):
+def test_the_qemu_process_runs_under_its_seccomp_filter(pool):
     """QEMU runs the guest's code: a device-emulation escape must land in a process that cannot
-    start programs, and (where the host is root) holds no uid the host trusts
-    (envs/qemu/vm.py host_confinement)."""
-    import pwd
-
-    from envab.envs.qemu.vm import QEMU_USER
-
+    start programs or raise its privileges (envs/qemu/vm.py HOST_SANDBOX)."""
     status = Path(f"/proc/{pool.slots[0].vm.proc.pid}/status").read_text()
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     assert fields["Seccomp"].strip() == "2", "QEMU runs without a seccomp filter"
     assert fields["NoNewPrivs"].strip() == "1"
-    uids = set(fields["Uid"].split())
-    if os.geteuid() == 0:
-        assert uids == {str(pwd.getpwnam(QEMU_USER).pw_uid)}, f"QEMU kept uids {uids}"
-    else:
-        assert uids == {str(os.geteuid())}
 
 
 def guest_shell(vm, line: str, timeout: float = 20.0) -> str:

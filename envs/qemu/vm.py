@@ -14,12 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import select
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,39 +53,15 @@ def kernel_args(accel: str) -> str:
 
 LAUNCH_TIMEOUT_S = 60.0
 # QEMU's own seccomp filter: the process that runs the guest's (untrusted) code cannot start
-# programs, change its scheduling or call obsolete system calls; run as root, it also drops to
-# QEMU_USER once its devices, images and sockets are open (`-runas`), so a device-emulation
-# escape lands in a process that holds no uid the host trusts. Dropping is QEMU's own set*uid
-# call, which the filter must then allow; a process that has dropped root cannot raise it again
-# (and no_new_privs holds). The one file it writes afterwards, the screendump, goes to a folder
-# that user owns. This shapes the host process, not the VM, so it stays out of
-# VMSpec.definition (what a snapshot is bound to).
-QEMU_USER = "nobody"
-
-
-def host_confinement() -> list[str]:
-    if os.geteuid() != 0:
-        return [
-            "-sandbox",
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        ]
-    return [
-        "-sandbox",
-        "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
-        "-runas",
-        QEMU_USER,
-    ]
-
-
-def screens_folder() -> Path:
-    """A folder QEMU may write its screendumps to, after `-runas` too."""
-    folder = Path(tempfile.mkdtemp(prefix="envab-qemu-screens-"))
-    if os.geteuid() == 0:
-        user = pwd.getpwnam(QEMU_USER)
-        os.chown(folder, user.pw_uid, user.pw_gid)
-    return folder
-
-
+# programs, raise its privileges, change its scheduling or call obsolete system calls. It stays
+# root: `-runas` would drop it to an unprivileged user, but a change of credentials clears the
+# parent-death signal that takes a VM down with a job killed outright (envs/lifetime.py;
+# tests/test_qemu.py::test_a_killed_job_takes_its_vms_with_it fails with it). This shapes the
+# host process, not the VM, so it stays out of VMSpec.definition (what a snapshot is bound to).
+HOST_SANDBOX = [
+    "-sandbox",
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+]
 MONITOR_TIMEOUT_S = 120.0  # savevm and loadvm included
 
 
@@ -256,15 +229,12 @@ class VM:
         self.qmp: QEMUMonitorProtocol | None = None
         self.agent = None
         self.guest_agent: GuestAgentChannel | None = None
-        self.screens: Path | None = None  # where QEMU writes screendumps (screens_folder)
 
     def launch(self, loadvm: str | None) -> None:
         """Start QEMU (paused on `loadvm` when given) and connect the monitor and the agent."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remove_sockets(self.run_dir)  # a previous QEMU's sockets would look like ours
-        args = self.spec.args(self.warm, self.run_dir) + host_confinement()
-        if self.screens is None:
-            self.screens = screens_folder()
+        args = self.spec.args(self.warm, self.run_dir) + HOST_SANDBOX
         if loadvm:
             args += ["-loadvm", loadvm]
         log = open(self.run_dir / "qemu.log", "ab")  # noqa: SIM115 - lives as long as QEMU
@@ -310,7 +280,7 @@ class VM:
         self.hmp(f"savevm {tag}")
 
     def screendump(self, timeout: float = MONITOR_TIMEOUT_S) -> Image.Image:
-        path = self.screens / "screen.ppm"
+        path = self.run_dir / "screen.ppm"
         self.command("screendump", timeout, filename=str(path))
         with Image.open(path) as image:
             image.load()
@@ -347,9 +317,6 @@ class VM:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        if self.screens is not None:
-            shutil.rmtree(self.screens, ignore_errors=True)
-            self.screens = None
 
     def quit(self) -> None:
         """Ask QEMU to quit cleanly (after savevm, so the image is closed properly)."""
