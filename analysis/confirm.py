@@ -34,6 +34,7 @@ from envab.analysis.crossing import (
     null_statement,
 )
 from envab.analysis.time_to_target import time_to_target
+from envab.envs.arms import files_beside
 from envab.errors import Refusal, refused
 from envab.eval.heldout import Protocol, check_inputs, checked_key, play_checkpoint
 from envab.eval.reuse import Store, evaluated_once
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 console,
                 f"fresh episodes on {prereg.evaluation.backend}",
                 receipts,
+                files_beside(args.heldout),  # the files its tasks download, as frozen
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )

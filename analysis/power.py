@@ -77,6 +77,11 @@ class Pilot:
             - math.log(min(a.time if a.reached else budget, budget))
             for a, b in pairs
         ]
+        if len(set(entered)) == 1:
+            raise PilotTooSmall(
+                "every pilot pair has the same log time ratio (every seed censored alike?): "
+                "no spread to size from"
+            )
         return cls(
             pairs=len(pairs),
             mean_log_baseline=float(np.mean(reached)),

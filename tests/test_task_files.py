@@ -138,10 +138,20 @@ def serve_set(hosts: Hosts) -> dict[str, bytes]:
     return {f"{hosts.url}{p}": data for p, data in hosts.files.items()}
 
 
-def freeze(root: Path, out: Path, *extra: str) -> int:
+LOOPBACK = {"allow_private_hosts": True}  # the file hosts here are a loopback server
+
+
+def freeze(root: Path, out: Path, *extra: str, files_config: dict | None = None) -> int:
+    extra, given = list(extra), {}
+    if "--files-config" in extra:  # merged with LOOPBACK: argparse keeps only the last one
+        at = extra.index("--files-config")
+        given = json.loads(extra[at + 1])
+        del extra[at : at + 2]
+    config = json.dumps({**LOOPBACK, **given, **(files_config or {})})
     return osworld.main(
         ["--dir", str(root), "--tasks", str(out / "tasks.jsonl"), "--report",
-         str(out / "index.json"), "--runnable", "xdesktop", "--files", str(out), *extra]
+         str(out / "index.json"), "--runnable", "xdesktop", "--files", str(out),
+         "--files-config", config, *extra]
     )  # fmt: skip
 
 
@@ -263,11 +273,26 @@ def test_a_redirect_to_another_scheme_is_refused(tmp_path, hosts, capsys, locati
     assert f"{location}' is not allowed" in err or f"redirected to {location!r}" in err
 
 
+def test_a_url_on_this_machines_network_is_refused_unless_the_config_allows_it(
+    tmp_path, hosts, capsys
+):
+    """A task file is untrusted: its URL (here the loopback server; a cloud's metadata address
+    alike) may not copy what this machine's network holds into every environment."""
+    serve_set(hosts)
+    root = write_set(tmp_path / "set", hosts.url)
+    assert freeze(root, tmp_path / "out", files_config={"allow_private_hosts": False}) == 2
+    err = capsys.readouterr().err
+    assert "resolves to 127.0.0.1, not a public address" in err
+    assert "tasks.osworld.files.allow_private_hosts" in err
+    assert not (tmp_path / "out" / "tasks.jsonl").exists()
+    assert freeze(root, tmp_path / "allowed") == 0  # LOOPBACK allows it
+
+
 def test_an_oversize_file_is_refused(tmp_path, hosts, capsys):
     serve_set(hosts)
     hosts.files["/c.bin"] = b"\0" * (2**20 + 1)  # one byte over a 1 MiB cap
     root = write_set(tmp_path / "set", hosts.url)
-    assert freeze(root, tmp_path / "out", "--files-config", '{"max_file_mb": 1}') == 2
+    assert freeze(root, tmp_path / "out", files_config={"max_file_mb": 1}) == 2
     err = capsys.readouterr().err
     assert f"task multi-1: evaluator.expected.path[1]: {hosts.url}/c.bin" in err
     assert f"over the {2**20} a file may have" in err
@@ -368,7 +393,9 @@ def test_the_workflow_freezes_the_files_and_the_split_receipt_covers_their_map(w
     write_set(workflow.root / "osworld", hosts.url)
 
     def config(c):
-        c["tasks"] = {"osworld": {"dir": "osworld", "select": {"runnable": True}}}
+        c["tasks"] = {
+            "osworld": {"dir": "osworld", "select": {"runnable": True}, "files": LOOPBACK}
+        }
         c["split"].update(stratify="domain", heldout_fraction=0.34)
         c["arms"]["drums"]["world"] = "xdesktop"
         c["training"]["sft"]["enabled"] = False  # no oracle demonstrations in this set

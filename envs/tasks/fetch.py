@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import os
 import shutil
+import socket
 import tempfile
 import time
 import urllib.error
@@ -33,6 +35,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from envab.envs.tasks.downloads import SCHEMES, Malformed, downloads, problem
 from envab.envs.tasks.filestore import MAP, STORE, blob, read_map, write_map
@@ -50,16 +53,39 @@ class Limits:
     max_file_bytes: int = 512 * MIB
     max_total_bytes: int = 8192 * MIB
     deadline_s: float = 300.0  # one fetch, start to last byte (OSWorld's own timeout)
+    # A task file is untrusted: a URL of its (or a redirect) that reaches the freezing machine's
+    # own network (loopback, private, link-local such as a cloud's metadata service) would copy
+    # what is there into every environment. Refused unless the config allows it (a file mirror
+    # on the team's own network; a test's loopback server).
+    allow_private_hosts: bool = False
 
     @classmethod
     def from_config(cls, files: Mapping) -> Limits:
-        """`tasks.osworld.files` (config.schema.yaml): max_file_mb, max_total_mb, deadline_s."""
+        """`tasks.osworld.files` (config.schema.yaml): max_file_mb, max_total_mb, deadline_s,
+        allow_private_hosts."""
         d = cls()
         return cls(
             int(files.get("max_file_mb", d.max_file_bytes // MIB)) * MIB,
             int(files.get("max_total_mb", d.max_total_bytes // MIB)) * MIB,
             float(files.get("deadline_s", d.deadline_s)),
+            bool(files.get("allow_private_hosts", d.allow_private_hosts)),
         )
+
+
+def private_host(url: str) -> str | None:
+    """Why `url`'s host is off limits (None: every address it resolves to is public): loopback,
+    private, link-local, reserved, multicast or unspecified. Checked again at each redirect; a
+    name that resolves otherwise between the check and the connection is not caught."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError as e:
+        return f"{host!r} does not resolve ({e})"
+    for *_, sockaddr in infos:
+        address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        if not address.is_global or address.is_multicast:
+            return f"{host!r} resolves to {address}, not a public address"
+    return None
 
 
 class FileChanged(TaskSourceError):
@@ -77,14 +103,18 @@ class _Refused(Exception):
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     max_redirections = MAX_REDIRECTS
 
+    def __init__(self, allow_private_hosts: bool = False):
+        super().__init__()
+        self.allow_private_hosts = allow_private_hosts
+
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        bad = problem(newurl)
+        bad = problem(newurl) or (None if self.allow_private_hosts else private_host(newurl))
         if bad:
             raise urllib.error.URLError(f"redirected to {bad}")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _opener() -> urllib.request.OpenerDirector:
+def _opener(allow_private_hosts: bool = False) -> urllib.request.OpenerDirector:
     """http and https only: no file, ftp or data handler is there to be reached at all."""
     opener = urllib.request.OpenerDirector()
     for handler in (
@@ -93,7 +123,7 @@ def _opener() -> urllib.request.OpenerDirector:
         urllib.request.HTTPHandler(),
         urllib.request.HTTPSHandler(),
         urllib.request.HTTPDefaultErrorHandler(),
-        _HttpOnlyRedirects(),
+        _HttpOnlyRedirects(allow_private_hosts),
         urllib.request.HTTPErrorProcessor(),
     ):
         opener.add_handler(handler)
@@ -124,7 +154,7 @@ class Freezer:
         self.files: dict[str, dict] = {}  # url -> {sha256, size}: fetched this freeze
         self.refused: dict[str, _Refused] = {}  # url -> why not, so it is tried once
         self.tasks: dict[str, list[str]] = {}  # task id -> its URLs (tasks with no problem)
-        self.opener = _opener()
+        self.opener = _opener(self.limits.allow_private_hosts)
 
     # --- per task (the `files` callable `select` calls for each task it would choose) --------
 
@@ -184,13 +214,26 @@ class Freezer:
         src = blob(self.mirror / STORE, entry["sha256"])
         if not src.is_file() or sha256_file(src) != entry["sha256"]:
             raise _Refused("file:missing", f"the mirror's {src} is missing or not its digest")
+        size = src.stat().st_size  # the bytes', not the map's word for them
+        if size != entry["size"]:
+            raise _Refused("file:missing", f"the mirror's {src} has {size} bytes, its map says "
+                                           f"{entry['size']}")  # fmt: skip
+        if size > self.limits.max_file_bytes:
+            raise _Refused("file:too_large", self._too_large(size))
         dest = blob(self.store, entry["sha256"])
         if not dest.exists():
             shutil.copyfile(src, dest)
-        return {"sha256": entry["sha256"], "size": entry["size"]}
+        return {"sha256": entry["sha256"], "size": size}
 
     def _fetch(self, url: str) -> dict:
         """One GET, streamed to a temporary file in the store while it is hashed and counted."""
+        where = None if self.limits.allow_private_hosts else private_host(url)
+        if where:
+            raise _Refused(
+                "file:private_host",
+                f"not fetched: {where} (a task file may not reach this machine's network; "
+                "tasks.osworld.files.allow_private_hosts)",
+            )
         deadline = time.monotonic() + self.limits.deadline_s
         digest, size = hashlib.sha256(), 0
         fd, tmp = tempfile.mkstemp(prefix=".part-", dir=self.store)

@@ -23,7 +23,7 @@ from envab.hashing import sha256_file
 from envab.io import atomic_write_json
 
 MAP, STORE = "files.json", "files"  # their names in a tasks folder
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHA256 = re.compile(r"[0-9a-f]{64}")  # used with fullmatch: no trailing newline passes
 
 
 class FilesMapError(Refusal, ValueError):
@@ -39,13 +39,14 @@ def check_map(obj, where: str) -> dict:
     """A files map (files.json's form), or FilesMapError naming `where` and what is wrong."""
     files = obj.get("files") if isinstance(obj, Mapping) else None
     if not isinstance(files, Mapping):
-        raise FilesMapError(f"{where}: a files map is an object with 'files': {{url: {{sha256, "
-                              "size}}}")  # fmt: skip
+        raise FilesMapError(
+            f"{where}: a files map is an object with 'files': {{url: {{sha256, size}}}}"
+        )
     for url, entry in files.items():
         ok = (
             isinstance(entry, Mapping)
             and isinstance(entry.get("sha256"), str)
-            and SHA256.match(entry["sha256"])
+            and SHA256.fullmatch(entry["sha256"])
             and type(entry.get("size")) is int
             and entry["size"] >= 0
         )
@@ -80,7 +81,7 @@ def write_map(path: str | Path, files: Mapping[str, Mapping], tasks: Mapping[str
 
 
 def blob(store: str | Path, sha256: str) -> Path:
-    if not SHA256.match(sha256):
+    if not SHA256.fullmatch(sha256):
         raise ValueError(f"{sha256!r} is not a sha256")
     return Path(store) / sha256
 

@@ -656,7 +656,10 @@ def request_handler(handle, token: str | None = None):
 
         def _any(self):
             given = self.headers.get("Authorization", "")
-            if token is not None and not hmac.compare_digest(given, f"Bearer {token}"):
+            wanted = f"Bearer {token}".encode()  # bytes: a non-ASCII header is just wrong
+            if token is not None and not hmac.compare_digest(
+                given.encode(errors="replace"), wanted
+            ):
                 return self._refuse(401, "no or wrong bearer token")
             try:
                 size = int(self.headers.get("Content-Length") or 0)
