@@ -42,7 +42,7 @@ def dry_run(*args: str) -> str:
 
 def test_the_real_deployment_replaces_the_embedded_default():
     plan = dry_run()
-    assert "receipts/qwen3-vl-4b-v1/preregistration.json" in plan
+    assert "receipts/qwen3-vl-4b-v2/preregistration.json" in plan
     assert "embedded-default" not in plan  # nothing of config.yaml's experiment
     assert "rule pin_model" in plan and "config/qwen3-vl-4b.manifest.yaml" in plan
     assert (
