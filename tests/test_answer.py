@@ -36,7 +36,7 @@ def answered(tmp_path_factory, make_workflow):
         c["tasks"]["factory"]["per_family"] = 32
         c["training"]["sft"].update(steps=2, batch_size=4)
         c["training"]["grpo"].update(
-            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=24
+            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
         )
 
     def target(t):

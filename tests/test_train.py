@@ -67,7 +67,7 @@ def tiny(workflow) -> None:
         c["tasks"]["factory"]["per_family"] = 32  # 24 training tasks: a warm start of 24 demos
         c["training"]["sft"].update(steps=2, batch_size=4)
         c["training"]["grpo"].update(
-            num_generations=GROUP, prompts_per_step=2, max_turns=2, max_completion_length=24
+            num_generations=GROUP, prompts_per_step=2, max_turns=2, max_completion_length=128
         )
 
     def target(t):
