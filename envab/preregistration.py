@@ -408,7 +408,13 @@ def check_frozen(target_path: str | Path, receipt: str | Path | None = None) -> 
             f"experiment '{prereg.experiment_id}' is not frozen yet ({receipt} missing): "
             f"run `snakemake --cores 1 freeze` first"
         )
-    frozen = read_receipt(receipt)["subject"][0]["digest"]["sha256"]
+    try:
+        frozen = read_receipt(receipt)["subject"][0]["digest"]["sha256"]
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # not JSON, or not a receipt's
+        raise ConfigError(
+            f"MALFORMED {receipt}: the freeze receipt cannot be read ({type(e).__name__}); "
+            "it was edited or damaged: restore it, or check it with `snakemake --cores 1 verify`"
+        ) from None
     now = sha256_file(target_path)
     if now != frozen:
         raise FrozenTargetEdited(_edited_message(target_path, prereg, frozen, now))
