@@ -10,17 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from PIL import Image
+from tiny_grpo import empty_prompts, grpo_args, record_batches
 
-from envab.schema import CONFIG_SCHEMA, check_schema
 from envab.trainer import agent
 from envab.trainer import model as pin
-from envab.trainer.compute import compute_settings
 from envab.trainer.generation import GuardedGenerationMixin
-from envab.trainer.grpo import GrpoSettings, grpo_config
 
-REPO = Path(__file__).resolve().parent.parent
 INSTRUCTION = "Click the button labelled Save"
 INVALID = 1  # which attempt of the batch the environment spoils
 
@@ -65,22 +61,16 @@ class Screen:
 @pytest.fixture(scope="module")
 def trained(tiny, tmp_path_factory):
     """A trainer after one step, and the generation batch that step trained on."""
-    from datasets import Dataset
     from trl import GRPOTrainer
 
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    check_schema(config, CONFIG_SCHEMA, "config.yaml", fill_defaults=True)
-    training = config["training"]
-    training["grpo"].update(
-        num_generations=4, prompts_per_step=1, max_turns=2, max_completion_length=128
-    )
     model, processor = pin.load(tiny)
-    args = grpo_config(
-        GrpoSettings(**training["grpo"]),
-        0,
+    args = grpo_args(
         tmp_path_factory.mktemp("trl"),
-        compute_settings(training),
         processor.tokenizer,
+        num_generations=4,
+        prompts_per_step=1,
+        max_turns=2,
+        max_completion_length=128,
     )
     args.max_steps = 1
     args.beta = 0.04  # the KL term: an invalid row must not reach it either
@@ -88,18 +78,11 @@ def trained(tiny, tmp_path_factory):
         model=model,
         processing_class=processor,
         args=args,
-        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": []}]}] * 4),
+        train_dataset=empty_prompts(4),
         environment_factory=Screen,
     )
-    batches = []
-    scored = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        batches.append(scored(inputs))
-        return batches[-1]
-
+    batches = record_batches(trainer)
     Screen.made = 0
-    trainer._generate_and_score_completions = recording
     trainer.train()
     return trainer, batches[0]
 

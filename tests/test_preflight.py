@@ -9,16 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from PIL import Image
+from tiny_grpo import empty_prompts, grpo_args
 
-from envab.schema import CONFIG_SCHEMA, check_schema
 from envab.trainer import agent, preflight
 from envab.trainer import model as pin
-from envab.trainer.compute import compute_settings
-from envab.trainer.grpo import GrpoSettings, grpo_config
 
-REPO = Path(__file__).resolve().parent.parent
 TASK = {
     "id": "probe",
     "instruction": "Click the button labelled Save",
@@ -53,25 +49,15 @@ class Screen:
 
 
 def build(tiny, tmp_path, processor_change=None):
-    from datasets import Dataset
     from trl import GRPOTrainer
 
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    check_schema(config, CONFIG_SCHEMA, "config.yaml", fill_defaults=True)
-    training = config["training"]
     model, processor = pin.load(tiny)
-    args = grpo_config(
-        GrpoSettings(**training["grpo"]),
-        0,
-        tmp_path / "trl",
-        compute_settings(training),
-        processor.tokenizer,
-    )
+    args = grpo_args(tmp_path / "trl", processor.tokenizer)
     trainer = GRPOTrainer(
         model=model,
         processing_class=processor,
         args=args,
-        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": []}]}] * 2),
+        train_dataset=empty_prompts(2),
         environment_factory=Screen,
     )
     if processor_change:  # after TRL recognised the template and set its response parser

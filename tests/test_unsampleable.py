@@ -14,17 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from PIL import Image
+from tiny_grpo import empty_prompts, grpo_args, record_batches
 
 from envab.envs.protocol import Gate, Verdict
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
 from envab.eval.heldout import Protocol, play
-from envab.schema import CONFIG_SCHEMA, check_schema
 from envab.trainer import agent
 from envab.trainer import model as pin
-from envab.trainer.compute import compute_settings
 from envab.trainer.generation import (
     UNSAMPLEABLE,
     Generation,
@@ -33,9 +31,7 @@ from envab.trainer.generation import (
     quarantine,
     unsampleable_ids,
 )
-from envab.trainer.grpo import GrpoSettings, grpo_config
 
-REPO = Path(__file__).resolve().parent.parent
 WANTED = "<|video_pad|>"  # what crashed the embedded default's corruption control
 BIAS = 60.0  # logit units: far above anything the tiny model's own logits reach
 
@@ -208,22 +204,16 @@ class Screen:
 
 
 def trainer_for(tiny, tmp_path, guarded: bool, suppress: bool):
-    from datasets import Dataset
     from trl import GRPOTrainer
 
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    check_schema(config, CONFIG_SCHEMA, "config.yaml", fill_defaults=True)
-    training = config["training"]
-    training["grpo"].update(
-        num_generations=2, prompts_per_step=1, max_turns=2, max_completion_length=96
-    )
     model, processor = pin.load(tiny)
-    args = grpo_config(
-        GrpoSettings(**training["grpo"]),
-        0,
+    args = grpo_args(
         tmp_path / "trl",
-        compute_settings(training),
         processor.tokenizer,
+        num_generations=2,
+        prompts_per_step=1,
+        max_turns=2,
+        max_completion_length=96,
     )
     args.max_steps = 1
     args.beta = 0.04  # the reference model's forward pass is where the run crashed
@@ -236,7 +226,7 @@ def trainer_for(tiny, tmp_path, guarded: bool, suppress: bool):
         model=model,
         processing_class=processor,
         args=args,
-        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": []}]}] * 2),
+        train_dataset=empty_prompts(2),
         environment_factory=Screen,
     )
     if not suppress:  # TRL's own default suppresses <|image_pad|> only; lift it too
@@ -273,15 +263,8 @@ def test_training_goes_on_and_the_wanted_token_is_never_emitted(tiny, tmp_path):
 
 def test_a_server_that_ignores_the_suppression_gives_invalid_attempts_not_a_crash(tiny, tmp_path):
     trainer = trainer_for(tiny, tmp_path, guarded=True, suppress=False)
-    batches = []
-    scored = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        batches.append(scored(inputs))
-        return batches[-1]
-
+    batches = record_batches(trainer)
     Screen.rejected = 0
-    trainer._generate_and_score_completions = recording
     trainer.train()
     assert Screen.rejected == 2  # both completions wrote WANTED on their second turn
     assert trainer.state.global_step == 1
