@@ -4,6 +4,7 @@ TRL makes one instance per completion and calls, per GRPO step:
 
     reset(**row)      for every completion of the generation batch (G consecutive per prompt);
     <tool>(**args)    whenever the model emits a tool call (the public methods are the tools);
+                      a turn's calls across the batch run at once (trainer/toolcalls.py);
     get_reward()      once per completion, after generation: the verifier's score, or None.
 
 The tools are the run's tool set (`envab.trainer.agent.ToolSet`: same names, signatures and
@@ -28,6 +29,7 @@ deterministic screens the first screenshot must equal the in-process render
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -43,6 +45,7 @@ from envab.trainer.forkgroups import ForkGroups
 from envab.trainer.guards import GuardError, HeldoutGuard
 from envab.trainer.resume import moment
 from envab.trainer.step_times import StepTimes
+from envab.trainer.toolcalls import in_batch
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +174,11 @@ class ArmEnvironment:
         ep.actions += 1
         ep.sent.append(dict(action))
         moment("env_step")
+        # Inside a turn's batch (trainer/toolcalls.py) the trainer's thread times the batch as a
+        # whole; this thread times only its attempt.
+        timed = not in_batch()
         try:
-            with self.run.times.span("environment"):
+            with self.run.times.span("environment") if timed else contextlib.nullcontext():
                 obs = ep.session.step(action, generation=ep.session.generation)
         except ValueError as e:  # e.g. off screen; the desktop did not change
             # Every backend refuses with a ValueError (the Drums client's ActionRejected is one,
@@ -182,7 +188,8 @@ class ArmEnvironment:
         finally:
             seconds = time.monotonic() - t0
             ep.env_seconds += seconds
-            self.run.clock.env_call(seconds)
+            if timed:
+                self.run.clock.env_call(seconds)
         if not obs.valid:
             ep.failed_gates, ep.over = tuple(obs.failed_gates), True
             return agent.tool_result(note=ENV_FAILED)

@@ -100,6 +100,7 @@ from envab.trainer.resume import (
     held,
     moment,
 )
+from envab.trainer.toolcalls import ToolCalls
 from envab.trainer.vllm_server import served
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,9 @@ class GrpoSettings:
     prefix: tuple = ()  # computer_13 actions played before each group (trainer/forkgroups.py)
     settle_s: float = 0.0
     parallel_creates: int = 1  # a group's sessions created at once where the arm cannot fork
+    # A turn's tool calls run at once across the batch, at most this many (None: all of them;
+    # trainer/toolcalls.py). Pins frozen before the setting existed ran TRL's loop: one at a time.
+    parallel_steps: int | None = 1
     turn_end: str = "bias"  # how a turn ends (trainer/generation.py)
 
     @property
@@ -552,6 +556,9 @@ def build_trainer(
         steps_path=journal.records["steps"],
         ranks=ranks,
         step_times=run.times,
+        # Timed from the trainer's thread: a batch is one environment span and one call of the
+        # generation clock, however many calls ran in it.
+        tool_calls=ToolCalls(settings.parallel_steps, run.times, run.clock.env_call),
     )
     return trainer, callback
 
@@ -817,6 +824,9 @@ def write_record(
         "downtime_s": sum(r["downtime_s"] for r in restarts),
         # Where this process's GRPO steps spent their wall-clock (trainer/step_times.py).
         "step_times": callback.run.times.summary(),
+        # How a turn's tool calls ran: the width (training.grpo.parallel_steps; 1: TRL's loop, one
+        # after another) and the batches' counts and seconds (trainer/toolcalls.py).
+        "tool_calls": trainer.tool_calls.summary(),
         **generation_record(trainer, inputs.settings, callback.run.times.summary()),
     }
     atomic_write_json(outputs.run, record)

@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import socket
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from envab.receipts import utc_now
 from envab.trainer.generation import GuardedGenerationMixin
 from envab.trainer.step_digests import DigestingGRPOTrainer
 from envab.trainer.step_times import StepTimes, TimedGRPOTrainer
+from envab.trainer.toolcalls import ConcurrentToolsMixin, ToolCalls
 
 RECORDS = ("trajectories", "steps", "checkpoints")  # journal file stems, in Outputs' terms
 
@@ -57,6 +59,7 @@ RECORDS = ("trajectories", "steps", "checkpoints")  # journal file stems, in Out
 KILL_ENV = "ENVAB_KILL_AT"
 MOMENTS = ("generation", "env_reset", "env_step", "checkpoint_write", "resume_point", "step_end")
 _reached: Counter = Counter()
+_reaching = threading.Lock()  # a turn's environment steps reach "env_step" from several threads
 
 
 def moment(name: str) -> None:
@@ -64,12 +67,14 @@ def moment(name: str) -> None:
     plan = os.environ.get(KILL_ENV)
     if not plan:
         return
-    _reached[name] += 1
+    with _reaching:
+        _reached[name] += 1
+        reached = _reached[name]
     for item in plan.split(","):
         at, _, n = item.partition(":")
         if at not in MOMENTS:
             raise ValueError(f"{KILL_ENV}: {at!r} is not one of {MOMENTS}")
-        if at == name and _reached[name] == int(n or 1):
+        if at == name and reached == int(n or 1):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -277,12 +282,16 @@ class EpochSeededSampler(RepeatSampler):
                 torch.randperm(self.num_samples, generator=self.generator)
 
 
-class ResumableGRPOTrainer(GuardedGenerationMixin, TimedGRPOTrainer, DigestingGRPOTrainer):
-    """The run's GRPOTrainer: no unsampleable token reaches a forward pass, step digests, each
-    step's times, and a sampler whose order a resumed run repeats."""
+class ResumableGRPOTrainer(
+    GuardedGenerationMixin, ConcurrentToolsMixin, TimedGRPOTrainer, DigestingGRPOTrainer
+):
+    """The run's GRPOTrainer: no unsampleable token reaches a forward pass, a turn's tool calls
+    run at once, step digests, each step's times, and a sampler whose order a resumed run
+    repeats."""
 
-    def __init__(self, *args, step_times: StepTimes, **kwargs):
+    def __init__(self, *args, step_times: StepTimes, tool_calls: ToolCalls | None = None, **kwargs):
         self.step_times = step_times
+        self.tool_calls = tool_calls
         super().__init__(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
