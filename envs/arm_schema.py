@@ -70,6 +70,9 @@ def check_embedded_host(mode: str | None, sandbox: str, world: str, rootfs_given
     if world == "xdesktop" and sandbox == "qemu" and rootfs_given:
         raise ArmError("rootfs is a gVisor sandbox's root; sandbox qemu boots the disk it "
                        "makes from build/xdesktop")  # fmt: skip
+    if world == "xdesktop" and sandbox == "namespaces":
+        raise ArmError("world xdesktop runs in gVisor sandboxes or QEMU VMs: a namespace "
+                       "sandbox's filter refuses the programs it starts")  # fmt: skip
     if sandbox == "qemu" and (world != "xdesktop" or mode != "restore"):
         raise ArmError("sandbox qemu runs the X desktop in restore mode (world: xdesktop, "
                        "mode: restore): a VM cannot fork")  # fmt: skip

@@ -17,6 +17,7 @@ from envab.envs.arm_schema import ArmError, arm_settings, check_embedded_host
 from envab.envs.controls import ControlBackend
 from envab.envs.drums import EMBEDDED, DrumsError, connect
 from envab.envs.host.gvisor import gvisor_problem
+from envab.envs.host.namespaces import namespaces_problem
 from envab.envs.protocol import Backend
 from envab.envs.qemu.pool import QemuConfig, QemuPool
 
@@ -61,6 +62,8 @@ def open_arm(
     check_embedded_host(arm.get("mode"), sandbox, world, rootfs_given="rootfs" in arm)
     if arm["url"] == EMBEDDED and sandbox == "gvisor" and gvisor_problem():
         raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
+    if arm["url"] == EMBEDDED and sandbox == "namespaces" and namespaces_problem():
+        raise ArmError(f"arm sandbox namespaces: {namespaces_problem()}")
     host_args = []
     if world == "xdesktop":
         host_args = ["--world", "xdesktop"]

@@ -14,6 +14,7 @@ import pytest
 from envab.envs.arms import open_arm
 from envab.envs.check import FAULT_GATES, NonConformance, check_backend
 from envab.envs.host.gvisor import gvisor_problem
+from envab.envs.host.namespaces import namespaces_problem
 from envab.envs.tasks.build import build
 from envab.envs.tasks.osworld import load_dir
 
@@ -31,6 +32,11 @@ def _no_qemu() -> str | None:
 
 def _no_gvisor() -> str | None:
     return f"gVisor sandbox: {gvisor_problem()}" if gvisor_problem() else None
+
+
+def _no_namespaces() -> str | None:
+    problem = namespaces_problem()
+    return f"namespace sandbox: {problem}" if problem else None
 
 
 def _no_xdesktop(sandbox_problem) -> str | None:
@@ -74,6 +80,13 @@ BACKENDS = [
         {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "gvisor"},
         "pillow",
         _no_gvisor,
+    ),
+    backend(
+        "namespaces-fork",
+        {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "namespaces"},
+        "pillow",
+        _no_namespaces,
+        integration=False,
     ),
     backend("qemu", {"backend": "qemu", "vms": 1, "cache": QEMU_CACHE}, "pillow", _no_qemu),
     backend(

@@ -75,7 +75,9 @@ def test_as_root_without_sudo_it_updates_then_installs(machine):
     result, calls = machine(uid=0)
     assert result.returncode == 0, result.stderr
     assert calls[0] == "apt-get update -qq"
-    assert calls[1] == "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap curl"
+    assert calls[1] == (
+        "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap curl bubblewrap libseccomp2"
+    )
     # runsc (no runsc on the machine yet): downloaded from Debian's archive, checked, installed
     assert calls[2].startswith("curl -fsSL -o ") and calls[2].endswith(
         "debian/pool/main/g/golang-gvisor-gvisor/runsc_0.0~20240729.0-4+b7_amd64.deb"

@@ -67,8 +67,9 @@ def serve_embedded(
     that dies while in use is started again on the same socket (as a service manager would),
     up to `max_restarts` times; requests made meanwhile wait in the socket's queue, and the new
     host answers 404 for the environments the old one held. `sandbox` is where each environment
-    runs: "gvisor" (a sandbox forked by checkpoint and restore), "process" (os.fork) or "qemu"
-    (the X desktop in restore mode: a VM reset by loadvm).
+    runs: "gvisor" (a sandbox forked by checkpoint and restore), "process" (os.fork),
+    "namespaces" (os.fork inside a sandbox of Linux namespaces) or "qemu" (the X desktop in
+    restore mode: a VM reset by loadvm).
     """
     token = host_token(token_file)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -11,7 +11,9 @@ of its own (`envab.envs.xdesktop.checker`).
 
 Where a worker runs is the host's `sandbox`: `gvisor` (each environment in its own gVisor sandbox,
 forked by checkpoint and restore: `envab.envs.host.gvisor`), `process` (each a plain process
-forked from a zygote with os.fork: no isolation, the fastest fork there is), or, for the real X
+forked from a zygote with os.fork: no isolation, the fastest fork there is), `namespaces` (the
+same forks, inside one sandbox of Linux namespaces, uid nobody, limits and a seccomp filter that
+the zygote sets up and every fork inherits: `envab.envs.host.namespaces`), or, for the real X
 desktop in restore mode, `qemu` (each a QEMU VM reset by `loadvm` of a warm snapshot:
 `envab.envs.xdesktop.qemu`, the same files as the gVisor sandboxes' root).
 """
@@ -39,10 +41,12 @@ from PIL import Image
 
 from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS, check_embedded_host
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
+from envab.envs.host import namespaces
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
 from envab.envs.host.files import cloud_file_reply, is_cloud_file, stage_messages
 from envab.envs.host.gvisor import Gvisor, Sandbox
 from envab.envs.host.worker import load_object
+from envab.envs.lifetime import start_child
 from envab.envs.protocol import (
     TERMINAL_ACTIONS,
     ActionRejected,
@@ -248,12 +252,32 @@ class Pool:
             "--desktop",
             self.config.desktop,
         ]
-        self._zygote_proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
+        if self.config.sandbox == "namespaces":
+            problem = namespaces.namespaces_problem()
+            if problem:
+                raise namespaces.SandboxUnavailable(f"the namespace sandbox cannot run: {problem}")
+            # The zygote confines itself inside bwrap's namespaces; every environment is a fork
+            # of it and inherits them. The sandbox goes with the host however the host goes.
+            self._zygote_proc = start_child(
+                namespaces.bwrap_argv([*cmd, "--confine"]),
+                death_signal=signal.SIGKILL,
+                pass_fds=[theirs.fileno()],
+            )
+        else:
+            self._zygote_proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
         theirs.close()
         self._zygote = Channel(ours)
-        hello = self._zygote.recv(timeout=self.config.create_timeout_s, expect="started")
-        self.zygote_pid = hello["pid"]
-        log.info("zygote up (pid %s, mode %s)", self.zygote_pid, self.config.mode)
+        try:
+            hello = self._zygote.recv(timeout=self.config.create_timeout_s, expect="started")
+        except (ChannelClosed, ChannelTimeout):
+            if self.config.sandbox != "namespaces":
+                raise
+            problem = namespaces.launch_problem(self._zygote_proc)
+            self._stop_zygote()
+            raise namespaces.SandboxUnavailable(problem) from None
+        self.zygote_pid = hello["pid"]  # in a namespace sandbox: its pid there
+        log.info("zygote up (pid %s, mode %s, sandbox %s)", self.zygote_pid, self.config.mode,
+                 self.config.sandbox)  # fmt: skip
 
     def stop(self) -> None:
         for env_id in list(self._envs):
@@ -597,6 +621,8 @@ class Pool:
             self._quarantine(env, Gate.STATE_HASH)
 
     def _sandbox_audit(self, env: Environment) -> dict:
+        if self.config.sandbox == "namespaces":
+            return namespaces.audit()
         if self.sandboxes is None:
             return {"runtime": "process", "isolation": "none"}
         if env.sandbox is not None:
@@ -670,8 +696,13 @@ class Pool:
         if env.channel is None:
             return
         if kill and env.pid:
+            pid = env.pid
+            if self.config.sandbox == "namespaces":  # env.pid is its pid in the sandbox
+                sandbox = self._zygote_proc.pid if self._zygote_proc else None
+                pid = namespaces.host_pid(sandbox, env.pid) if sandbox else None
             with contextlib.suppress(ProcessLookupError):
-                os.kill(env.pid, signal.SIGKILL)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
         env.channel.close()  # a live worker reads end-of-stream and exits
         env.channel = None
 

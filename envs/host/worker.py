@@ -24,6 +24,7 @@ counter would, so that the host can tell a stale one from a current one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import io
 import os
@@ -63,10 +64,13 @@ def corrupt_snapshot(desktop_cls, blob: bytes) -> bytes:
 
 
 class Worker:
-    def __init__(self, channel: Channel, mode: str, desktop_cls):
+    def __init__(self, channel: Channel, mode: str, desktop_cls, on_fork=None):
         self.channel = channel
         self.mode = mode
         self.desktop_cls = desktop_cls
+        # zygote only: called in each new environment before it greets the host (a namespace
+        # sandbox's per-environment limits); a fork of an environment inherits its parent's
+        self.on_fork = on_fork
         self.desktop = None
         self.faults: dict = {}
         self.steps = 0
@@ -120,6 +124,8 @@ class Worker:
                 self.channel.close()
                 self.channel = Channel.from_fd(fd)
                 self.faults = {}  # faults are armed per environment, not inherited
+                if size is not None and self.on_fork is not None:
+                    self.on_fork()  # raises: the child dies unseen, the host's hello fails
                 state = self.desktop.state_hash() if self.desktop is not None else None
                 self.channel.send({"pid": os.getpid(), "state_sha256": state})
                 return  # back to serve(), now as the child
@@ -196,9 +202,10 @@ class Worker:
         # the action looks the same to the host as before it: no answer, the environment lost.
         self.steps += 1
         if self.faults.get("kill_at_step") == self.steps:
-            if os.getpid() == 1:  # a sandbox's init ignores its own SIGKILL: die as abruptly
-                os._exit(137)
-            os.kill(os.getpid(), signal.SIGKILL)
+            if os.getpid() != 1:  # a sandbox's init ignores its own SIGKILL
+                with contextlib.suppress(OSError):  # a seccomp filter may refuse kill
+                    os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(137)  # die as abruptly
         if self.faults.get("stall_at_step") == self.steps:
             time.sleep(float(self.faults.get("stall_s", 3600)))
         state = self.desktop.state_hash()
@@ -233,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=["restore", "fork"], required=True)
     parser.add_argument("--desktop", default="envab.envs.desktop:Desktop")
     parser.add_argument("--stdio", action="store_true", help="talk over stdin/stdout (sandbox)")
+    parser.add_argument(
+        "--confine",
+        action="store_true",
+        help="confine this zygote and its environments (inside a namespace sandbox)",
+    )
     args = parser.parse_args(argv)
     # Children are reaped by the kernel: the host watches them through their channels.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -244,7 +256,19 @@ def main(argv: list[str] | None = None) -> None:
         channel = Channel.from_fd(args.fd)
     else:
         parser.error("give --fd or --stdio")
-    worker = Worker(channel, args.mode, load_object(args.desktop))
+    desktop_cls = load_object(args.desktop)
+    on_fork = None
+    if args.confine:  # after the imports, before any request: see envs/host/namespaces.py
+        from envab.envs.host import namespaces
+        from envab.envs.xdesktop.confine import ConfinementError
+
+        try:
+            namespaces.confine_zygote()
+        except ConfinementError as e:
+            print(f"worker: cannot confine itself: {e}", file=sys.stderr, flush=True)
+            os._exit(1)  # never serve unconfined
+        on_fork = namespaces.confine_environment
+    worker = Worker(channel, args.mode, desktop_cls, on_fork)
     channel.send({"pid": os.getpid()})
     worker.serve()
 

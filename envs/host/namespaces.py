@@ -1,0 +1,292 @@
+"""Sandboxes of Linux namespaces and a seccomp filter for the host's workers: the zygote runs
+inside one, and every environment is an `os.fork` of it (or of another environment), so each
+inherits the sandbox at the cost of a fork: a fork stays a copy-on-write copy of the prepared
+process, milliseconds, where a gVisor fork is a checkpoint and a restore.
+
+The sandbox is made by bubblewrap (Debian's `bwrap`, the tool Flatpak's sandboxes are made with),
+run by the host as root, around the zygote:
+
+- its own process, network, IPC, UTS (and, where the kernel has them, cgroup) namespaces: no
+  process of the host is visible; the network is a loopback of its own, so nothing on the host's
+  loopback (the host's own HTTP port included) or beyond is reachable;
+- its own mount namespace: a read-only empty root holding only what the worker imports (the
+  system's /usr, the Python installation and this package: the same binds as a gVisor sandbox's,
+  `gvisor._root_mounts`), a bounded tmpfs at /tmp and /dev/shm (writable, in memory), bwrap's
+  minimal /dev and a /proc of its own process namespace;
+- no user namespace: bwrap run by root would map the sandbox's uid to root's, so instead the zygote
+  drops to uid and gid nobody itself, with no supplementary groups and no capabilities
+  (`envab.envs.xdesktop.confine.drop`, as the X desktop's checker does), no new privileges and
+  not dumpable (a same-uid process cannot trace it or read its memory);
+- resource limits (`LIMITS`, per process, inherited by every fork; the CPU limit is set anew in
+  each environment, `ENV_CPU_S`, so the zygote's own use never counts against it);
+- a seccomp filter (`DENIED`, compiled by libseccomp, Debian's libseccomp2, through ctypes) that
+  refuses with EPERM what a Pillow environment never needs: starting a program, tracing or
+  signalling another process, sockets other than Unix ones, mounts and new namespaces, kernel
+  modules, BPF, keyrings, io_uring, the clock.
+
+What it does not isolate: the environments of one host share the sandbox's kernel (the host's:
+a kernel bug is an escape, which gVisor's own kernel guards against), its uid, its /tmp and its
+process namespace (one may see another's pid, but not trace, signal or read it), and the sandbox
+ends with its zygote (bwrap's init takes every process of the namespace with it). The real X
+desktop does not run here: it starts programs (Xvfb, its applications), which the filter refuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import resource
+import shutil
+import socket
+import subprocess
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+from envab.envs.host.gvisor import _python_path, _root_mounts
+from envab.envs.xdesktop.confine import NOBODY, ConfinementError, Limits, drop
+from envab.errors import Refusal
+
+BWRAP = "bwrap"
+TMPFS_BYTES = 256 * 2**20  # each writable folder, in memory: a `dd` into /tmp ends with ENOSPC
+# Per process (each environment is one), inherited by every fork. The address space matches a
+# gVisor sandbox's memory limit; processes count every process and thread of uid nobody (the
+# kernel counts per uid), so it is sized for a host's 512 environments with room to spare.
+LIMITS = Limits(
+    uid=NOBODY,
+    gid=NOBODY,
+    cpu_s=resource.RLIM_INFINITY,  # the zygote forks for the whole run; environments get ENV_CPU_S
+    memory_bytes=2 * 2**30,
+    file_bytes=64 * 2**20,
+    open_files=256,
+    processes=4096,
+)
+ENV_CPU_S = 600  # one environment's CPU seconds (a step takes milliseconds)
+
+# What a Pillow environment never needs, refused with EPERM (a deny list over libseccomp's
+# default allow: Python and Pillow need too much of the rest to list it safely).
+DENIED = (
+    # starting programs: the Pillow desktop runs none
+    "execve", "execveat",
+    # other processes: tracing, reading or signalling them (the environment's own death is
+    # os._exit; the host signals it from outside, where this filter does not apply)
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "kill", "tkill", "tgkill",
+    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
+    # the file system and namespaces: the sandbox's are set
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr",
+    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    "open_by_handle_at", "name_to_handle_at",
+    # the kernel's own facilities
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "syslog",
+    "acct", "quotactl", "iopl", "ioperm", "uselib", "vhangup", "sethostname", "setdomainname",
+    # the clock
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+)  # fmt: skip
+# A fork, but never into new namespaces: CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID,
+# NEWNET, NEWTIME.
+CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+             0x40000000, 0x00000080)  # fmt: skip
+
+_SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_NE, _SCMP_CMP_MASKED_EQ = 1, 7
+
+
+def _scmp_errno(code: int) -> int:
+    return 0x00050000 | (code & 0xFFFF)
+
+
+class _ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
+                ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]  # fmt: skip
+
+
+class SandboxUnavailable(Refusal, RuntimeError):
+    """The namespace sandbox cannot run here; the message says why and what to do."""
+
+
+@cache
+def _libseccomp():
+    """libseccomp (Debian's libseccomp2), the library that compiles a filter's rules into BPF;
+    inside the sandbox it is found through the bound /etc/ld.so.cache."""
+    lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                           ctypes.c_uint, ctypes.POINTER(_ArgCmp)]  # fmt: skip
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+@cache
+def namespaces_problem() -> str | None:
+    """Why the namespace sandbox cannot run on this machine, or None when it can (one trial
+    sandbox with the same namespaces, a few milliseconds, once per process)."""
+    if shutil.which(BWRAP) is None:
+        return f"{BWRAP} not found: install Debian's bubblewrap (apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return f"{BWRAP} runs as root here (the sandbox drops to uid nobody itself); run as root"
+    try:
+        _libseccomp()
+    except OSError:
+        return "libseccomp.so.2 not found: install Debian's libseccomp2"
+    trial = subprocess.run(
+        [BWRAP, *_NAMESPACES, "--ro-bind", "/", "/", "--", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if trial.returncode != 0:
+        return f"{BWRAP} cannot make namespaces here: {trial.stderr.strip()[-200:]}"
+    return None
+
+
+_NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+               "--unshare-cgroup-try", "--die-with-parent", "--new-session")  # fmt: skip
+
+
+def bwrap_argv(worker_argv: Sequence[str]) -> list[str]:
+    """The command that runs `worker_argv` (which must confine itself: `confine_zygote`) inside
+    a fresh sandbox. Descriptors the host passes stay open in it (the zygote's channel)."""
+    binds, links = _root_mounts()
+    argv = [BWRAP, *_NAMESPACES, "--hostname", "env", "--clearenv"]
+    for name, value in (
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONPATH", _python_path()),
+    ):
+        argv += ["--setenv", name, value]
+    # The uid change is the worker's own (bwrap only changes uids in a user namespace); it needs
+    # these two capabilities, which it gives up with the uid.
+    argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    destinations = [b["destination"] for b in binds]
+    above: set[str] = set()
+    for d in destinations:  # folders above a bind, made enterable (bwrap copies /root's 0700)
+        parts = d.strip("/").split("/")
+        above |= {"/" + "/".join(parts[:i]) for i in range(1, len(parts))}
+    for d in sorted(above - set(destinations)):
+        argv += ["--perms", "0755", "--dir", d]
+    for b in binds:
+        argv += ["--ro-bind", b["source"], b["destination"]]
+    for name, target in links:
+        argv += ["--symlink", target, f"/{name}"]
+    # the loader's cache, alone in /etc (it finds libseccomp)
+    argv += ["--perms", "0755", "--dir", "/etc"]
+    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for d in ("/tmp", "/dev/shm"):
+        argv += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", d]
+    argv += ["--remount-ro", "/", "--chdir", "/tmp", "--", *worker_argv]
+    return argv
+
+
+def confine_zygote() -> None:
+    """Called by the zygote inside its sandbox, after its imports and before it serves: uid
+    nobody, no capabilities, the limits, no new privileges, then the seccomp filter. Raises
+    ConfinementError naming the step the kernel refused; the zygote must not serve then."""
+    drop(LIMITS)
+    load_filter()
+
+
+def confine_environment() -> None:
+    """Called in each environment the zygote forks, before it serves: the CPU limit of one
+    environment (a few system calls; everything else is inherited)."""
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (ENV_CPU_S, ENV_CPU_S))
+    except (ValueError, OSError) as e:
+        raise ConfinementError(f"setrlimit(RLIMIT_CPU, {ENV_CPU_S}): {e}") from None
+
+
+def load_filter() -> None:
+    """The seccomp filter (`DENIED`, sockets other than AF_UNIX, clone into new namespaces,
+    clone3 answered ENOSYS so the C library falls back to clone, whose flags it can check),
+    loaded on this process and everything it forks from now on."""
+    lib = _libseccomp()
+    ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
+    if not ctx:
+        raise ConfinementError("seccomp_init failed")
+    try:
+
+        def rule(name: str, action: int, *compare: _ArgCmp) -> None:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:  # a call this libseccomp does not know: this kernel has none to refuse
+                return
+            array = (_ArgCmp * len(compare))(*compare) if compare else None
+            code = lib.seccomp_rule_add_array(ctx, action, number, len(compare), array)
+            if code != 0:
+                raise ConfinementError(f"seccomp rule {name}: {os.strerror(-code)}")
+
+        for name in DENIED:
+            rule(name, _scmp_errno(errno.EPERM))
+        rule("socket", _scmp_errno(errno.EPERM), _ArgCmp(0, _SCMP_CMP_NE, socket.AF_UNIX, 0))
+        for flag in CLONE_NEW:
+            rule("clone", _scmp_errno(errno.EPERM), _ArgCmp(0, _SCMP_CMP_MASKED_EQ, flag, flag))
+        rule("clone3", _scmp_errno(errno.ENOSYS))
+        code = lib.seccomp_load(ctx)
+        if code != 0:
+            raise ConfinementError(f"seccomp_load: {os.strerror(-code)}")
+    finally:
+        lib.seccomp_release(ctx)
+
+
+def host_pid(sandbox_pid: int, inner_pid: int) -> int | None:
+    """The host's pid of the process whose pid in the sandbox is `inner_pid`, among the
+    processes below `sandbox_pid` (bwrap's), or None when it is gone. A worker knows only its
+    pid in the sandbox; the host needs its own to kill a wedged one."""
+    todo = [sandbox_pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                pids = line.split()[1:] if line.startswith("NSpid:") else []
+                if len(pids) > 1 and int(pids[-1]) == inner_pid:  # in the sandbox's namespace
+                    return p
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    children = Path(f"/proc/{p}/task/{tid}/children").read_text()
+                    todo += [int(k) for k in children.split()]
+    return None
+
+
+@cache
+def bwrap_version() -> str:
+    out = subprocess.run([BWRAP, "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+def audit() -> dict:
+    """What a verdict's audit says of the sandbox an environment runs in."""
+    return {
+        "runtime": "namespaces",
+        "bwrap": bwrap_version(),
+        "namespaces": ["pid", "net", "ipc", "uts", "mount", "cgroup where the kernel has it"],
+        "network": "none",
+        "root": "read-only",
+        "uid": LIMITS.uid,
+        "seccomp": "deny list",
+        "limits": {
+            "memory_mib": LIMITS.memory_bytes // 2**20,
+            "cpu_s": ENV_CPU_S,
+            "tmpfs_mib": TMPFS_BYTES // 2**20,
+            "processes_of_uid": LIMITS.processes,
+        },
+    }
+
+
+def launch_problem(proc: subprocess.Popen) -> str:
+    """One line for a zygote that did not start in its sandbox."""
+    code = proc.poll()
+    return (
+        f"the worker did not start in its namespace sandbox (exit {code}); its error is above"
+        if code is not None
+        else "the worker did not greet the host from its namespace sandbox"
+    )
