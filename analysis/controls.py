@@ -20,19 +20,34 @@ Deterministic (exact divergence decides):
 - same (A/A): no divergence on any seed and the curves equivalent.
 - slower (throughput handicap): no divergence, and the added wall-clock recovered (below).
 - differ (silent corruption): every seed diverges.
+- eval_differs (evaluation corruption): no divergence (its training is its base arm's, so a
+  replay), and its checkpoints' reported evaluations disagree with their honest ones (below).
 
 Not deterministic (curves, times and reward consistency; analysis/curve_difference.py,
 analysis/reward_consistency.py). The A/A and handicap each have two checks that can fail them by
-chance, so each is run at alpha / 2 (Bonferroni: the control's false failure rate at most alpha,
-alpha being the primary endpoint's):
-- same: the paired curve test over seeds does not say "differ", and the A/A's reward
+chance, and the corruption two that can pass it, so each is run at alpha / 2 (Bonferroni: the
+control's false failure, or false pass, rate at most alpha, alpha being the primary endpoint's):
+- same: the curve test over seeds x held-out tasks does not say "differ", and the A/A's reward
   disagreement is not higher than its base arm's. With one seed per arm the curve test makes no
   claim: "not powered", not a pass.
 - slower: the same two checks, and the added wall-clock recovered on every seed.
 - differ: the corrupted arm's reward disagreement (same task, same actions, another reward) is
-  higher than its base arm's at alpha: "as expected"; not higher where the test had power
-  POWERED to see the registered flip_rewards at the comparable groups played: "NOT as
-  expected"; otherwise "not powered", not a pass.
+  higher than its base arm's, or the curve test says "differ" where it has power POWERED at the
+  curve gap the registered flip_rewards predicts (`_curve_power`, the arithmetic shown): "as
+  expected"; neither, where one of the two had that power: "NOT as expected"; otherwise "not
+  powered", never a pass.
+- eval_differs: as with determinism but for the divergence, which is shown, not judged.
+
+The evaluation corruption's check is the same with or without bit-determinism: each checkpoint
+of the control's runs is evaluated twice, reported (flip_eval of its valid scores flipped by the
+evaluation workload) and honestly (eval-honest/), episode by episode (checkpoint, task, episode
+seed); a pair that sent the same actions (actions_sha256) must score alike in a deterministic
+environment even where the policy's sampling is not bit-deterministic, so comparable pairs that
+disagree more often than the honest evaluations disagree among themselves (same task, same
+actions, one-sided Fisher at alpha) is the evidence, with its power at flip_eval ("not
+powered" below POWERED, never a pass). Where training is bit-deterministic the honest
+evaluation is the base run's, reused (eval/reuse.py: the same checkpoint files); where it is not,
+it is played.
 
 The added wall-clock (slower): at the base run's accepted crossing (its last checkpoint if it
 never crossed) the control's wall-clock minus the base's is reset_delay_s x the environment
@@ -48,11 +63,20 @@ import argparse
 from pathlib import Path
 
 from envab import preregistration
-from envab.analysis.curve_difference import paired_curve_test
+from envab.analysis.curve_difference import cluster_curve_test, detectable_gap, power_at
 from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import curve_equivalence
 from envab.analysis.outcome import load_run, seed_curves
-from envab.analysis.reward_consistency import POWERED, consistency, excess, flip_power, pooled
+from envab.analysis.reward_consistency import (
+    POWERED,
+    consistency,
+    evaluation_lines,
+    excess,
+    flip_power,
+    pair_power,
+    paired_episodes,
+    pooled,
+)
 from envab.analysis.runs import RunRecords
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
@@ -178,12 +202,19 @@ def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords
         ).to_dict()
     except ValueError as e:
         curves = {"verdict": "not computed", "reason": str(e)}
-    # Two checks can fail an A/A or a handicap by chance: each at alpha / 2 (module docstring).
-    level = alpha if control.expect == "differ" else alpha / 2
+    # Two checks can fail an A/A or a handicap by chance, and two can pass a corruption: each
+    # at alpha / 2 (module docstring).
+    level = alpha if control.expect == "eval_differs" else alpha / 2
     try:
-        paired = paired_curve_test(_curve_inputs(mine, seeds), _curve_inputs(base, seeds), level)
+        curve_test = cluster_curve_test(
+            _curve_inputs(mine, seeds), _curve_inputs(base, seeds), level
+        )
     except ValueError as e:
-        paired = {"verdict": "not computed", "reason": str(e), "alpha": level}
+        curve_test = {"verdict": "not computed", "reason": str(e), "alpha": level}
+    if control.expect == "differ":
+        curve_test["corruption"] = _curve_power(
+            curve_test, _curve_inputs(base, seeds), control.flip_rewards, level
+        )
     pooled_base = pooled(s["reward_consistency"]["base"] for s in per_seed)
     pooled_control = pooled(s["reward_consistency"]["control"] for s in per_seed)
     rewards = {
@@ -193,14 +224,112 @@ def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords
         "alpha": level,
     }
     if control.expect == "differ":
-        rewards["power"] = flip_power(pooled_control, pooled_base, control.flip_rewards, alpha)
+        rewards["power"] = flip_power(pooled_control, pooled_base, control.flip_rewards, level)
         rewards["powered_at"] = POWERED
-    return {"seeds": per_seed, "curves": curves, "paired_curves": paired, "rewards": rewards}
+    evidence = {"seeds": per_seed, "curves": curves, "curve_test": curve_test, "rewards": rewards}
+    if control.expect == "eval_differs":
+        evidence["evaluation"] = _evaluation_check(control, [mine[s] for s in seeds], alpha)
+    return evidence
+
+
+def _curve_power(curve_test: dict, base_curves: dict, flip: float, alpha: float) -> dict:
+    """The curve gap a reward corruption of `flip` is registered to make, and the curve test's
+    power to see it at the seeds, tasks and mean squares it had.
+
+    The gap is a model, stated: a flipped reward turns a success's expected reward from q into
+    f + (1 - 2f) q, so what training learns from it is scaled by 1 - 2f, and the corrupted curve
+    gains (1 - 2f) of the base arm's gain over the warm start: a gap of -2 f x that gain,
+    averaged over the trained checkpoints and seeds. Below POWERED power the curve test cannot
+    pass the corruption ("not powered"), whatever it says."""
+    checkpoints = curve_test.get("checkpoints") or []
+    if curve_test.get("p_value") is None or not checkpoints:
+        return {"verdict": "not computed", "reason": curve_test.get("reason", "no curve test")}
+    if any(0 not in run for run in base_curves.values()):
+        return {"verdict": "not computed", "reason": "no warm-start evaluation to measure gain"}
+
+    def rate(cell) -> float:
+        outcomes = [o for results in cell.values() for o in results]
+        return sum(outcomes) / len(outcomes)
+
+    gains = [rate(run[c]) - rate(run[0]) for run in base_curves.values() for c in checkpoints]
+    gain = float(sum(gains) / len(gains))
+    gap = -2 * flip * gain
+    power = power_at(curve_test, gap, alpha)
+    return {
+        "flip": flip,
+        "base_gain": gain,
+        "predicted_gap": gap,
+        "se": curve_test["se"],
+        "df": curve_test["df"],
+        "power": power,
+        "detectable_gap": detectable_gap(curve_test, alpha, POWERED),
+        "powered_at": POWERED,
+        "verdict": "powered" if power is not None and power >= POWERED else "not powered",
+    }
+
+
+def _evaluation_check(control: Control, runs: list[RunRecords], alpha: float) -> dict:
+    """An evaluation corruption's evidence, pooled over seeds: each checkpoint's reported
+    evaluation against its honest one, episode by episode (reward_consistency.paired_episodes),
+    against the honest evaluations' own disagreement (same task, same actions, another score),
+    one-sided Fisher at alpha, with its power at the registered flip_eval."""
+    per_seed, baselines = [], []
+    for run in runs:
+        if not run.honest_evaluations:
+            per_seed.append(
+                {"seed": run.seed, "verdict": "not compared", "reason": "no honest evaluation"}
+            )
+            continue
+        pairs = paired_episodes(run.evaluations, run.honest_evaluations)
+        honest = consistency(evaluation_lines(run.honest_evaluations))
+        baselines.append(honest)
+        per_seed.append({"seed": run.seed, "pairs": pairs, "honest": honest})
+    compared = [s["pairs"] for s in per_seed if "pairs" in s]
+    reported = {
+        "pairs": sum(p["pairs"] for p in compared),
+        "comparable_groups": sum(p["comparable_groups"] for p in compared),
+        "disagreeing_groups": sum(p["disagreeing_groups"] for p in compared),
+    }
+    honest = pooled(baselines)
+    p = excess(reported, honest)
+    return {
+        "seeds": per_seed,
+        "reported": reported,
+        "honest": honest,
+        "excess_p": p,
+        "alpha": alpha,
+        "power": pair_power(reported["comparable_groups"], control.flip_eval, honest, alpha),
+        "powered_at": POWERED,
+    }
+
+
+def _evaluation_verdict(evidence: dict) -> tuple[str, list[str]]:
+    """An evaluation corruption by its paired evaluations, the same with or without
+    bit-determinism: as expected where they disagree beyond the honest evaluations' own rate;
+    NOT where they do not and the test had power; otherwise not powered."""
+    check = evidence["evaluation"]
+    p, power = check["excess_p"], check["power"]
+    if p is not None and p <= check["alpha"]:
+        return "as expected", []
+    r, h = check["reported"], check["honest"]
+    why = (
+        f"no excess disagreement between the reported and honest evaluations "
+        f"({r['disagreeing_groups']}/{r['comparable_groups']} comparable episode pairs disagree, "
+        f"honest {h['disagreeing_groups']}/{h['comparable_groups']} comparable groups, "
+        f"one-sided Fisher p {_fmt_p(p)}; power {power:.2f} at flip_eval)"
+    )
+    return ("NOT as expected" if power >= POWERED else "not powered"), [why]
 
 
 def _deterministic_verdict(control: Control, evidence: dict) -> tuple[str, list[str]]:
     per_seed = evidence["seeds"]
     never = all(s["divergence"]["verdict"] == "never" for s in per_seed)
+    if control.expect == "eval_differs":
+        # Training is its base arm's: a replay must not diverge; the evaluation must be caught.
+        verdict, reasons = _evaluation_verdict(evidence)
+        if not never:
+            return "NOT as expected", ["training diverged: the corruption reached training"]
+        return verdict, reasons
     if control.expect == "same":
         ok = never and evidence["curves"]["verdict"] == "equivalent"
     elif control.expect == "slower":
@@ -217,6 +346,8 @@ def _fmt_p(p: float | None) -> str:
 def _nondeterministic_verdict(control: Control, evidence: dict) -> tuple[str, list[str]]:
     """Curves, times and reward consistency (module docstring); the reasons behind a verdict
     that is not "as expected"."""
+    if control.expect == "eval_differs":
+        return _evaluation_verdict(evidence)
     rewards = evidence["rewards"]
     p = rewards["excess_p"]
     counts = (
@@ -224,21 +355,17 @@ def _nondeterministic_verdict(control: Control, evidence: dict) -> tuple[str, li
         f"comparable groups disagree, base {rewards['base']['disagreeing_groups']}/"
         f"{rewards['base']['comparable_groups']}, one-sided Fisher p {_fmt_p(p)}"
     )
+    curve = evidence["curve_test"]
     if control.expect == "differ":
-        if p is not None and p <= rewards["alpha"]:
-            return "as expected", []
-        power = rewards["power"]
-        why = f"no excess reward disagreement ({counts}; power {power:.2f})"
-        return ("NOT as expected" if power >= POWERED else "not powered"), [why]
+        return _corruption_verdict(rewards, curve, counts)
     failed, unpowered = [], []
-    paired = evidence["paired_curves"]
-    if paired["verdict"] == "differ":
+    if curve["verdict"] == "differ":
         failed.append(
-            f"curves differ (paired t-test over seeds p {_fmt_p(paired['p_value'])} "
-            f"<= {paired['alpha']:g})"
+            f"curves differ (t over seeds x tasks p {_fmt_p(curve['p_value'])} "
+            f"<= {curve['alpha']:g})"
         )
-    elif paired["verdict"] != "not shown to differ":
-        unpowered.append(f"curves: {paired.get('reason', paired['verdict'])}")
+    elif curve["verdict"] != "not shown to differ":
+        unpowered.append(f"curves: {curve.get('reason', curve['verdict'])}")
     if p is not None and p <= rewards["alpha"]:
         failed.append(f"excess reward disagreement ({counts} <= {rewards['alpha']:g})")
     if control.expect == "slower":
@@ -248,6 +375,37 @@ def _nondeterministic_verdict(control: Control, evidence: dict) -> tuple[str, li
     if failed:
         return "NOT as expected", failed
     return ("not powered", unpowered) if unpowered else ("as expected", [])
+
+
+def _corruption_verdict(rewards: dict, curve: dict, counts: str) -> tuple[str, list[str]]:
+    """A reward corruption without bit-determinism, by two checks at alpha / 2 each: its reward
+    disagreement, and its curves where the curve test is powered for the registered flip (a
+    curve test that could not see the corruption never passes it)."""
+    p = rewards["excess_p"]
+    if p is not None and p <= rewards["alpha"]:
+        return "as expected", []
+    power = rewards["power"]
+    reasons = [f"no excess reward disagreement ({counts}; power {power:.2f})"]
+    sized = curve.get("corruption", {})
+    curve_powered = sized.get("verdict") == "powered"
+    if "power" in sized:
+        arithmetic = (
+            f"predicted gap -2 x {sized['flip']:g} x base gain {sized['base_gain']:.3f} = "
+            f"{sized['predicted_gap']:.3f}; se {sized['se']:.3f} on {sized['df']} df; power "
+            f"{sized['power']:.2f} at alpha {curve['alpha']:g}; detectable at "
+            f"{sized['powered_at']:g} power: {sized['detectable_gap']:.3f}"
+        )
+        if curve_powered and curve["verdict"] == "differ":
+            return "as expected", []
+        seen = "differ" if curve["verdict"] == "differ" else "not shown to differ"
+        if curve_powered:
+            reasons.append(f"curves {seen} (p {_fmt_p(curve['p_value'])}; {arithmetic})")
+        else:
+            reasons.append(f"curve test not powered for this corruption ({arithmetic})")
+    else:
+        reasons.append(f"curve test: {sized.get('reason', curve.get('reason', 'not computed'))}")
+    powered = power >= POWERED or curve_powered
+    return ("NOT as expected" if powered else "not powered"), reasons
 
 
 def judge(
@@ -363,12 +521,14 @@ EXPECTED = {
         "same": "no divergence; curves equivalent",
         "slower": "no divergence; added time = predicted",
         "differ": "divergence on every seed",
+        "eval_differs": "no divergence; reported and honest evaluations disagree",
     },
     NOT_DETERMINISTIC: {
         "same": "curves not shown to differ; no excess reward disagreement",
         "slower": "curves not shown to differ; no excess reward disagreement; added time = "
         "predicted",
-        "differ": "excess reward disagreement",
+        "differ": "excess reward disagreement, or curves differ where powered",
+        "eval_differs": "reported and honest evaluations disagree",
     },
 }
 
@@ -404,11 +564,22 @@ def _observed(seed: dict) -> str:
 
 def _curves_text(j: dict) -> str:
     band = j.get("curves", {}).get("verdict", "")
-    paired = j.get("paired_curves")
-    if not paired:
+    curve = j.get("curve_test")
+    if not curve:
         return band
-    p = paired.get("p_value")
-    test = paired["verdict"] + (f" (paired t p {p:.3g})" if p is not None else "")
+    p = curve.get("p_value")
+    test = curve["verdict"] + (f" (seeds x tasks p {p:.3g})" if p is not None else "")
+    sized = curve.get("corruption", {})
+    if sized.get("power") is not None:
+        test += f", power {sized['power']:.2f} at the predicted gap {sized['predicted_gap']:.3f}"
+    evaluation = j.get("evaluation")
+    if evaluation:
+        r = evaluation["reported"]
+        test += (
+            f"; reported vs honest evaluation: {r['disagreeing_groups']}/"
+            f"{r['comparable_groups']} comparable episode pairs disagree (Fisher p "
+            f"{_fmt_p(evaluation['excess_p'])}, power {evaluation['power']:.2f})"
+        )
     return f"{test}; band: {band}"
 
 

@@ -744,14 +744,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 BY_NAME = ("steps.jsonl", "trajectories.jsonl", "confirm.json")
+HONEST_EVALUATIONS = "eval-honest"  # the folder of an evaluation corruption's honest evaluations
 
 
 def load_run(files: list[str]) -> RunRecords:
     """One --run group: three files in order, then steps.jsonl, trajectories.jsonl and
-    confirm.json known by their names (each optional), and the evaluations."""
+    confirm.json known by their names (each optional), and the evaluations (eval-honest/ ones
+    apart: an evaluation corruption's honest evaluations)."""
     pins, checkpoints, run, *rest = files
     named = {Path(f).name: f for f in rest if Path(f).name in BY_NAME}
-    evaluations = [f for f in rest if Path(f).name not in BY_NAME]
+    honest = [f for f in rest if Path(f).parent.name == HONEST_EVALUATIONS]
+    evaluations = [f for f in rest if Path(f).name not in BY_NAME and f not in honest]
     return RunRecords.load(
         pins,
         checkpoints,
@@ -760,6 +763,7 @@ def load_run(files: list[str]) -> RunRecords:
         named.get("steps.jsonl"),
         named.get("trajectories.jsonl"),
         named.get("confirm.json"),
+        honest,
     )
 
 

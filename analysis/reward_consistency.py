@@ -13,6 +13,12 @@ the same way.
 
 - `excess`: is a run's disagreement rate higher than another's? One-sided Fisher exact test on
   the 2 x 2 table of disagreeing / agreeing comparable groups (scipy's `fisher_exact`).
+- `paired_episodes`, `pair_power`: the same question for evaluation (an evaluation corruption's
+  control, analysis/controls.py): one checkpoint evaluated twice, reported and honestly, episode
+  by episode; a pair with the same actions is comparable, and its scores must agree. Pairs
+  disagreeing beyond the honest evaluations' own disagreement (`evaluation_lines`, grouped as
+  above) is the evidence, by the same Fisher test; its power at a registered flip f is that of
+  a Binomial(pairs, f) count, since only one side of a pair is corrupted.
 - `flip_power`: the power of that test to see a `flip_rewards` corruption, given the groups the
   control run has and the base run's counts: each reward of a group of k is flipped with
   probability f independently, so the group disagrees with probability 1 - f^k - (1 - f)^k (no
@@ -109,6 +115,20 @@ def flip_power(run: Mapping, base: Mapping, flip: float, alpha: float) -> float:
         k = int(size)
         q = 1 - flip**k - (1 - flip) ** k
         pmf = np.convolve(pmf, stats.binom.pmf(np.arange(count + 1), count, q))
+    return _power(pmf, n, base, alpha)
+
+
+def pair_power(pairs: int, flip: float, base: Mapping, alpha: float) -> float:
+    """The probability that `excess` of `pairs` comparable pairs over `base` is at most `alpha`
+    when one side of each pair has its score flipped with probability `flip` (an evaluation
+    corruption against an honest evaluation): each pair disagrees with probability `flip`."""
+    if not pairs or not base["comparable_groups"]:
+        return 0.0
+    return _power(stats.binom.pmf(np.arange(pairs + 1), pairs, flip), pairs, base, alpha)
+
+
+def _power(pmf: np.ndarray, n: int, base: Mapping, alpha: float) -> float:
+    """P(excess <= alpha) for a disagreeing count with this pmf over 0..n."""
 
     def significant(d: int) -> bool:
         return excess({"comparable_groups": n, "disagreeing_groups": d}, base) <= alpha
@@ -121,3 +141,68 @@ def flip_power(run: Mapping, base: Mapping, flip: float, alpha: float) -> float:
         mid = (low + high) // 2
         low, high = (low, mid) if significant(mid) else (mid + 1, high)
     return float(pmf[low:].sum())
+
+
+def evaluation_lines(evaluations: Mapping[str, Mapping]) -> list[dict]:
+    """Held-out episodes (eval/<checkpoint>.json's episode_records) as `consistency` reads
+    attempts: one task played with the same actions gets the same score, on any checkpoint."""
+    return [
+        {
+            "verdict": e["verdict"],
+            "task_id": e["task_id"],
+            "actions_sha256": e.get("actions_sha256"),
+            "reward": e["score"],
+        }
+        for record in evaluations.values()
+        for e in record.get("episode_records", ())
+    ]
+
+
+def paired_episodes(reported: Mapping[str, Mapping], honest: Mapping[str, Mapping]) -> dict:
+    """Two evaluations of the same checkpoints, episode by episode (checkpoint, task, episode
+    seed; the valid attempt of each): a pair valid in both with the same actions_sha256 is
+    *comparable* and, in a deterministic environment, must score alike whether or not the
+    policy's sampling is bit-deterministic; it *disagrees* when the scores differ."""
+
+    def valid(record: Mapping) -> dict:
+        return {
+            (e["task_id"], e["seed"]): e
+            for e in record.get("episode_records", ())
+            if e["verdict"] == "valid"
+        }
+
+    checkpoints = sorted(set(reported) & set(honest))
+    pairs = comparable = disagreeing = unrecorded = 0
+    examples = []
+    for name in checkpoints:
+        mine, theirs = valid(reported[name]), valid(honest[name])
+        for key in sorted(set(mine) & set(theirs)):
+            a, b = mine[key], theirs[key]
+            pairs += 1
+            if a.get("actions_sha256") is None or b.get("actions_sha256") is None:
+                unrecorded += 1
+                continue
+            if a["actions_sha256"] != b["actions_sha256"]:
+                continue
+            comparable += 1
+            if a["score"] != b["score"]:
+                disagreeing += 1
+                if len(examples) < 3:
+                    examples.append(
+                        {
+                            "checkpoint": name,
+                            "task_id": key[0],
+                            "seed": key[1],
+                            "reported": a["score"],
+                            "honest": b["score"],
+                        }
+                    )
+    return {
+        "checkpoints": checkpoints,
+        "pairs": pairs,
+        "unrecorded": unrecorded,
+        "comparable_groups": comparable,
+        "disagreeing_groups": disagreeing,
+        "disagreement_rate": disagreeing / comparable if comparable else None,
+        "examples": examples,
+    }

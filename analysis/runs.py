@@ -29,6 +29,8 @@ class RunRecords:
     steps: list[dict] | None = None  # steps.jsonl: a digest per training step, when given
     trajectories: list[dict] | None = None  # trajectories.jsonl: one line per attempt, when given
     confirmation: dict | None = None  # confirm.json: the accepted crossing evaluated afresh
+    # eval-honest/<checkpoint>.json: an evaluation corruption's checkpoints evaluated honestly
+    honest_evaluations: dict[str, dict] | None = None
 
     @classmethod
     def load(
@@ -40,11 +42,13 @@ class RunRecords:
         steps: str | Path | None = None,
         trajectories: str | Path | None = None,
         confirmation: str | Path | None = None,
+        honest_evaluations: Iterable[str | Path] = (),
     ) -> RunRecords:
         """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint.
         `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check;
         `trajectories`: its trajectories.jsonl (the controls count environment set-ups in it);
-        `confirmation`: its confirm.json (analysis/confirm.py)."""
+        `confirmation`: its confirm.json (analysis/confirm.py); `honest_evaluations`:
+        eval-honest/<checkpoint>.json files (an evaluation corruption's)."""
         # Sorted so the per-run sums over evaluations add up in the same order however the
         # files are given.
         evaluation_files = sorted(Path(e) for e in evaluations)
@@ -56,6 +60,8 @@ class RunRecords:
         files += [Path(steps)] if steps else []
         files += [Path(trajectories)] if trajectories else []
         files += [Path(confirmation)] if confirmation else []
+        honest_files = sorted(Path(e) for e in honest_evaluations)
+        files += honest_files
         pinned = json.loads(files[0].read_text())
         return cls(
             arm=pinned["arm"],
@@ -68,4 +74,7 @@ class RunRecords:
             steps=list(read_jsonl(steps)) if steps else None,
             trajectories=list(read_jsonl(trajectories)) if trajectories else None,
             confirmation=json.loads(Path(confirmation).read_text()) if confirmation else None,
+            honest_evaluations={e.stem: json.loads(e.read_text()) for e in honest_files}
+            if honest_files
+            else None,
         )

@@ -173,7 +173,15 @@ class PrimaryEndpoint:
 
 
 #: What each control's `expect` needs of its settings (envs/controls.py).
-CONTROL_CHANGE = {"same": set(), "slower": {"reset_delay_s"}, "differ": {"flip_rewards"}}
+CONTROL_CHANGE = {
+    "same": set(),
+    "slower": {"reset_delay_s"},
+    "differ": {"flip_rewards"},
+    "eval_differs": {"flip_eval"},
+}
+#: The changes that act on training; the others act on the held-out evaluation of the control's
+#: checkpoints alone (the eval rule's backend), so its training is its base arm's.
+TRAINING_CHANGE = {"reset_delay_s", "flip_rewards"}
 #: A control's settings that target.yaml may leave out, as the schema writes them.
 CONTROL_DEFAULTS = {
     key: spec["default"]
@@ -191,9 +199,10 @@ class Control:
 
     name: str
     arm: str
-    expect: str  # same | slower | differ
+    expect: str  # same | slower | differ | eval_differs
     reset_delay_s: float = 0.0  # none: this control changes no reset
     flip_rewards: float = 0.0  # none: this control flips no reward
+    flip_eval: float = 0.0  # none: this control flips no held-out episode's score
     seed: int = CONTROL_DEFAULTS["seed"]
     tolerance: float = CONTROL_DEFAULTS["tolerance"]
     base_wall_clock_s: float | None = None  # a pilot's measure (slower only): check_budget_fit
@@ -204,11 +213,21 @@ class Control:
         return f"{self.arm}-{self.name}"
 
     def arm_config(self, base: Mapping) -> dict:
-        """The base arm's config with this control's change (none for an A/A)."""
-        change = {k: getattr(self, k) for k in CONTROL_CHANGE[self.expect]}
+        """The base arm's config with this control's change to training (none for an A/A or
+        an evaluation corruption)."""
+        change = {k: getattr(self, k) for k in CONTROL_CHANGE[self.expect] & TRAINING_CHANGE}
         if change:
             change["seed"] = self.seed
         return {**base, "control": change} if change else dict(base)
+
+    def eval_config(self, evaluation: Mapping) -> dict:
+        """The evaluation arm's config as this control's checkpoints are evaluated: an
+        evaluation corruption flips `flip_eval` of the valid held-out scores there
+        (envs/controls.py's flip, drawn from `seed`); every other control is evaluated as its
+        base arm is."""
+        if not self.flip_eval:
+            return dict(evaluation)
+        return {**evaluation, "control": {"flip_rewards": self.flip_eval, "seed": self.seed}}
 
 
 @dataclass(frozen=True)
@@ -328,7 +347,9 @@ class Preregistration:
             if control.run_arm in self.arms:
                 raise ConfigError(f"{where}: its runs' name {control.run_arm!r} is an arm's")
             needed = CONTROL_CHANGE[control.expect]
-            given = {k for k in ("reset_delay_s", "flip_rewards") if getattr(control, k)}
+            given = {
+                k for k in ("reset_delay_s", "flip_rewards", "flip_eval") if getattr(control, k)
+            }
             if given != needed:
                 raise ConfigError(
                     f"{where}: expect {control.expect} takes "

@@ -41,7 +41,7 @@ from envab import machine_load, preregistration
 from envab.envs.arms import ArmError, files_beside, open_arm
 from envab.envs.protocol import Gate, Verification
 from envab.eval.reuse import Store, evaluated_once, evaluation_key
-from envab.hashing import sha256_bytes, sha256_file
+from envab.hashing import sha256_bytes, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import EvaluationProtocol, Preregistration
 from envab.progress import Console, duration, eta, job_console
@@ -98,8 +98,11 @@ def sampler_seed(task_id: str, seed: int, turn: int) -> int:
 
 
 def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> dict:
-    """One episode: its verdict and, if valid, its score."""
+    """One episode: its verdict, if valid its score, and a digest of the actions it sent (as
+    training's `actions_sha256`: one task played with the same actions must get the same score,
+    which is how two evaluations of one checkpoint are compared, analysis/controls.py)."""
     session = backend.create(task)
+    sent: list[dict] = []
     try:
         observation = session.observation
         turns = 0
@@ -128,6 +131,7 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                     # an invalid episode and never a crash.
                     try:
                         action = policy.tools.action_for(call["name"], call.get("arguments") or {})
+                        sent.append(dict(action))
                         observation = session.step(action)
                     except ValueError as e:  # ActionRejected is a ValueError on every backend
                         messages.append(agent.tool_message(call["name"], note=f"Refused: {e}"))
@@ -148,6 +152,7 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
         "failed_gates": list(verification.failed_gates),
         "score": verification.score,
         "turns": turns,
+        "actions_sha256": sha256_json(sent),
     }
 
 

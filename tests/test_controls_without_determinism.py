@@ -187,7 +187,7 @@ def test_without_determinism_every_control_is_as_expected_and_none_by_constructi
     assert all(
         s["divergence"]["verdict"] == "diverged" for j in result["controls"] for s in j["seeds"]
     )
-    assert by["aa"]["paired_curves"]["verdict"] == "not shown to differ"
+    assert by["aa"]["curve_test"]["verdict"] == "not shown to differ"
     assert by["aa"]["rewards"]["base"]["disagreeing_groups"] == 0  # a deterministic environment
     assert by["aa"]["rewards"]["control"]["comparable_groups"] > 100
     corrupted = by["corruption"]["rewards"]
@@ -228,9 +228,9 @@ def test_an_a_a_with_a_real_curve_gap_is_not_as_expected():
     runs = experiment(replay=False, aa={"gap": -1.5})
     result = judge_all(runs, prereg())
     aa = next(j for j in result["controls"] if j["name"] == "aa")
-    assert aa["paired_curves"]["verdict"] == "differ"
+    assert aa["curve_test"]["verdict"] == "differ"
     assert aa["verdict"] == "NOT as expected"
-    assert aa["reasons"][0].startswith("curves differ (paired t-test over seeds p ")
+    assert aa["reasons"][0].startswith("curves differ (t over seeds x tasks p ")
 
 
 def test_a_corruption_with_no_excess_disagreement_is_not_as_expected():
