@@ -39,6 +39,14 @@ def check_config(config: dict, prereg: Preregistration, source: str = "config.ya
                 f"{', '.join(sorted(families - CLICK_FAMILIES))}; set tasks.factory.families to "
                 f"{sorted(CLICK_FAMILIES)} or training.tools to computer_13"
             )
+    tasks = config["tasks"]
+    has_demos = "factory" in tasks or "solutions" in tasks.get("osworld", {})
+    if config["training"]["sft"]["enabled"] and not has_demos:
+        raise ConfigError(
+            f"{source}: training.sft.enabled: the warm start plays oracle demonstrations, and "
+            "this task source has none; name them (tasks.osworld.solutions) or set "
+            "training.sft.enabled: false to start GRPO from the pinned model"
+        )
 
 
 SELECTION_KEYS = ("arm", "seed")

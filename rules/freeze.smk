@@ -64,6 +64,7 @@ elif "osworld" in config["tasks"]:
     # how (tasks.osworld.files: a mirror, a registered map, the caps).
     OSWORLD_FILES = config["tasks"]["osworld"].get("files")
     FREEZE_FILES = bool(RUNNABLE) or OSWORLD_FILES is not None
+    OSWORLD_SOLUTIONS = config["tasks"]["osworld"].get("solutions")
 
     rule tasks:
         input:
@@ -71,10 +72,13 @@ elif "osworld" in config["tasks"]:
             examples=config["tasks"]["osworld"]["dir"],
             index=config["tasks"]["osworld"].get("index", []),
             expect=(OSWORLD_FILES or {}).get("expect", []),  # a registered map: a change reruns
+            solutions=OSWORLD_SOLUTIONS or [],
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
             sources=directory(f"{RESULTS}/tasks/osworld"),
             report=f"{RESULTS}/tasks/index.json",
+            # the warm start's demonstrations, where the source has oracles
+            **({"solutions": f"{RESULTS}/tasks/solutions.jsonl"} if OSWORLD_SOLUTIONS else {}),
             **(
                 {
                     "files": directory(f"{RESULTS}/tasks/files"),
@@ -97,6 +101,11 @@ elif "osworld" in config["tasks"]:
                 if FREEZE_FILES
                 else ""
             ),
+            solutions=lambda wildcards, input, output: (
+                f"--solutions-from {input.solutions} --solutions {output.solutions}"
+                if OSWORLD_SOLUTIONS
+                else ""
+            ),
         conda:
             SOFTWARE
         benchmark:
@@ -107,7 +116,7 @@ elif "osworld" in config["tasks"]:
             # Each task file copied byte for byte; a malformed one refused with its path.
             "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
             " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
-            " {params.runnable} {params.select} {params.files} > {log} 2>&1"
+            " {params.runnable} {params.select} {params.files} {params.solutions} > {log} 2>&1"
 
 else:
 

@@ -10,7 +10,7 @@ if SFT_ENABLED:
             receipts=FROZEN,
             model=f"{RESULTS}/model",
             train=f"{RESULTS}/tasks/train.jsonl",
-            solutions=f"{RESULTS}/tasks/solutions.jsonl",  # oracle actions: factory task sets only
+            solutions=f"{RESULTS}/tasks/solutions.jsonl",  # oracle actions, frozen with the tasks
         output:
             model=directory(SFT_MODEL),
             receipt=f"{RECEIPTS}/sft.json",

@@ -482,6 +482,49 @@ def original(task: Mapping) -> dict:
     return out
 
 
+def freeze_solutions(source: Path, tasks: Iterable[Mapping], out: Path) -> int:
+    """The oracle solutions of the frozen tasks, kept line for line in the tasks' order: the warm
+    start's demonstrations. Untrusted like a task file: each line must be a JSON object with a
+    plain `id` and an `oracle` list of action objects (the environment plays them, as the
+    policy's actions), and every frozen task must have one. Returns how many were written."""
+    found: dict[str, bytes] = {}
+    for n, raw in enumerate(source.read_bytes().splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError as e:
+            raise Refusal(f"{source}:{n}: not JSON ({e})") from None
+        ok = (
+            isinstance(line, dict)
+            and isinstance(line.get("id"), str)
+            and isinstance(line.get("oracle"), list)
+            and all(isinstance(a, dict) and isinstance(a.get("action_type"), str)
+                    for a in line["oracle"])
+        )  # fmt: skip
+        if not ok:
+            raise Refusal(f"{source}:{n}: a solution is {{id, oracle: [action, ...]}}")
+        if line["id"] in found:
+            raise Refusal(f"{source}:{n}: a second solution for {line['id']!r}")
+        found[line["id"]] = (line, raw.rstrip(b"\r\n") + b"\n")
+    tasks = list(tasks)
+    missing = [t.get("source_id", t["id"]) for t in tasks]
+    missing = [i for i in missing if i not in found]
+    if missing:
+        raise Refusal(
+            f"{source}: no oracle solution for {len(missing)} frozen task(s): {missing[:5]}; the "
+            "warm start needs one per task (or training.sft.enabled: false)"
+        )
+    lines = []
+    for t in tasks:
+        line, raw = found[t.get("source_id", t["id"])]
+        # a task the freeze renamed (<domain>.<id>) keeps its solution under its frozen id
+        same = line["id"] == t["id"]
+        lines.append(raw if same else (json.dumps({**line, "id": t["id"]}) + "\n").encode())
+    atomic_write_bytes(out, b"".join(lines))
+    return len(lines)
+
+
 def domains(tasks: Iterable[Mapping]) -> list[str]:
     return sorted({t.get("domain") or "_none" for t in tasks})
 
@@ -520,7 +563,19 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON: config tasks.osworld.files (mirror, expect, max_file_mb, max_total_mb, "
         "deadline_s)",
     )
+    p.add_argument(
+        "--solutions-from",
+        type=Path,
+        help="a solutions.jsonl with an oracle per task (config tasks.osworld.solutions)",
+    )
+    p.add_argument(
+        "--solutions",
+        type=Path,
+        help="with --solutions-from: the frozen tasks' solutions, written here",
+    )
     args = p.parse_args(argv)
+    if (args.solutions_from is None) != (args.solutions is None):
+        p.error("--solutions-from and --solutions go together")
     # Without a rule every task must load and be scorable, as before rules existed: the first
     # malformed file, or every task no verifier may score, refuses the freeze.
     strict = args.select is None
@@ -539,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         frozen = select(frozen, args.select, args.runnable, files)
         if freezer is not None:
             frozen.files = freezer.write(t.task["id"] for t in frozen.tasks)
+        if args.solutions is not None:
+            freeze_solutions(args.solutions_from, (t.task for t in frozen.tasks), args.solutions)
     except Unselectable as e:
         for line in [*e.lines, e.summary]:
             print(f"error: {line}", file=sys.stderr)
