@@ -60,6 +60,16 @@ def test_every_tool_maps_to_its_action_and_back(task_set):
         assert COMPUTER_13.action_for(*agent.call_for(action, COMPUTER_13)) == action
 
 
+def test_every_x_desktop_oracle_is_a_computer_13_tool_call():
+    """The X desktop's oracles save with a chord (ctrl+s) and wait for applications: the warm
+    start turns each into the tool call the policy would make, and back."""
+    lines = (REPO / "envs" / "xdesktop" / "tasks" / "solutions.jsonl").read_text().splitlines()
+    oracle = [a for line in lines for a in json.loads(line)["oracle"]]
+    assert {"HOTKEY", "WAIT", "TYPING", "PRESS"} <= {a["action_type"] for a in oracle}
+    for action in oracle:
+        assert COMPUTER_13.action_for(*agent.call_for(action, COMPUTER_13)) == action
+
+
 @pytest.mark.parametrize(
     ("name", "arguments", "message"),
     [
@@ -68,6 +78,12 @@ def test_every_tool_maps_to_its_action_and_back(task_set):
         ("click", {"x": 1, "y": 2, "z": 3}, "unexpected argument(s) z"),
         ("click", {"x": True, "y": 2}, "x must be int"),
         ("type_text", {"text": 5}, "text must be str"),
+        ("hotkey", {"keys": "ctrl+s"}, "keys must be list[str]"),
+        ("hotkey", {"keys": ["ctrl", 19]}, "keys must be list[str]"),
+        ("hotkey", {"keys": []}, "keys must name 1 to 4 keys"),
+        ("hotkey", {"keys": ["a", "b", "c", "d", "e"]}, "keys must name 1 to 4 keys"),
+        ("wait", {"seconds": 3600}, "seconds must be 1 to 5"),
+        ("wait", {"seconds": 0}, "seconds must be 1 to 5"),
     ],
 )
 def test_a_bad_call_is_one_clear_error(name, arguments, message):

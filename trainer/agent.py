@@ -19,6 +19,7 @@ is an edit here and nowhere else; the code pins then make it a new frozen experi
 """
 
 import hashlib
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +64,22 @@ def press(key: str):
 
     Args:
         key: The key name: enter, tab, backspace, escape, space, up or down.
+    """
+
+
+def hotkey(keys: list[str]):
+    """Press a key combination: hold each key in order, then release them.
+
+    Args:
+        keys: The keys, modifiers first, e.g. ["ctrl", "s"].
+    """
+
+
+def wait(seconds: int):
+    """Wait for the screen to change, e.g. while an application starts.
+
+    Args:
+        seconds: How long to wait, from 1 to 5.
     """
 
 
@@ -113,9 +130,27 @@ class ToolSet:
             raise ValueError(f"{name}: unexpected argument(s) {', '.join(extra)}")
         for arg, typ in expected.items():
             value = arguments[arg]
-            if not isinstance(value, typ) or isinstance(value, bool):  # True is an int in Python
-                raise ValueError(f"{name}: {arg} must be {typ.__name__}, got {value!r}")
+            item = typing.get_args(typ)[0] if typing.get_origin(typ) is list else None
+            base = list if item else typ
+            if not isinstance(value, base) or isinstance(value, bool):  # True is an int in Python
+                raise ValueError(f"{name}: {arg} must be {_type_name(typ)}, got {value!r}")
+            if item and not all(isinstance(v, item) for v in value):
+                raise ValueError(f"{name}: {arg} must be {_type_name(typ)}, got {value!r}")
+        if name == "hotkey" and not 1 <= len(arguments["keys"]) <= MAX_HOTKEY_KEYS:
+            raise ValueError(f"hotkey: keys must name 1 to {MAX_HOTKEY_KEYS} keys")
+        if name == "wait" and not 1 <= arguments["seconds"] <= MAX_WAIT_S:
+            raise ValueError(f"wait: seconds must be 1 to {MAX_WAIT_S}")
         return check_action(_ACTIONS[name](**arguments))
+
+
+def _type_name(typ) -> str:
+    return getattr(typ, "__name__", str(typ)) if typing.get_origin(typ) is None else str(typ)
+
+
+# Bounds on what a sampled call may ask of an environment: a wait holds the rollout, so it is
+# short (the X desktop's server caps it at 5 s too); a hotkey is a chord, not a sequence.
+MAX_WAIT_S = 5
+MAX_HOTKEY_KEYS = 4
 
 
 # "computer_13" covers every family; "click" (click and done) covers the single-click families
@@ -123,7 +158,8 @@ class ToolSet:
 # which makes each generation and training step on the tiny CPU model that much cheaper.
 TOOL_SETS = {
     "computer_13": ToolSet(
-        "computer_13", (click, double_click, type_text, press, scroll, done, fail)
+        "computer_13",
+        (click, double_click, type_text, press, hotkey, scroll, wait, done, fail),
     ),
     "click": ToolSet("click", (click, done)),
 }
@@ -147,6 +183,8 @@ _ACTIONS = {
     "double_click": lambda x, y: _to_action("DOUBLE_CLICK", x=x, y=y),
     "type_text": lambda text: _to_action("TYPING", text=text),
     "press": lambda key: _to_action("PRESS", key=key),
+    "hotkey": lambda keys: _to_action("HOTKEY", keys=list(keys)),
+    "wait": lambda seconds: _to_action("WAIT", seconds=seconds),
     "scroll": lambda x, y, dy: _to_action("SCROLL", x=x, y=y, dx=0, dy=dy),
     "done": lambda: _to_action("DONE"),
     "fail": lambda: _to_action("FAIL"),
@@ -281,6 +319,10 @@ def call_for(action: Mapping, tools: ToolSet) -> tuple[str, dict]:
         call = ("type_text", {"text": p["text"]})
     elif kind == "PRESS":
         call = ("press", {"key": p["key"]})
+    elif kind == "HOTKEY":
+        call = ("hotkey", {"keys": p["keys"]})
+    elif kind == "WAIT":
+        call = ("wait", {"seconds": p.get("seconds")})
     elif kind == "SCROLL":
         call = ("scroll", {"x": p.get("x"), "y": p.get("y"), "dy": p["dy"]})
     else:
