@@ -7,12 +7,25 @@ trajectories and the same training batch as TRL's own loop, one call after anoth
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import pytest
+from tiny_grpo import grpo_args, record_batches
 
+from envab.envs.arms import open_arm
+from envab.envs.tasks.build import build
+from envab.trainer import agent
+from envab.trainer import model as pin
+from envab.trainer.accounting import Ledger, Prices
+from envab.trainer.environment import GenerationClock, Run, environment_factory
+from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.generation import GuardedGenerationMixin
+from envab.trainer.guards import HeldoutGuard
+from envab.trainer.preflight import _unbatched
 from envab.trainer.step_times import StepTimes
-from envab.trainer.toolcalls import ToolCalls, TurnMismatch, in_batch
+from envab.trainer.toolcalls import ConcurrentToolsMixin, ToolCalls, TurnMismatch, in_batch
 
 # --- the batch, on a stand-in for TRL's loop ------------------------------------------------------
 
@@ -161,3 +174,133 @@ def test_a_width_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         ToolCalls(0)
     assert not ToolCalls(1).concurrent and ToolCalls(None).concurrent and ToolCalls(3).concurrent
+
+
+# --- through TRL's GRPOTrainer, multi-turn, on the fork arm ---------------------------------------
+
+TURNS = 2
+GROUP, PROMPTS = 2, 2
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    built, _ = build(seed=1, per_family=2)
+    return {t["id"]: t for t in built if t["family"] == "click_button"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, tasks):
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    return pin.build_builtin(pin.BuiltinSource(), [t["instruction"] for t in tasks.values()], out)
+
+
+class Scripted:
+    """A policy that calls click on every turn but the last, at a point its completion's own
+    (its place in the batch and the turn), so a call sent to another session would show; the
+    last turn ends without a call. TRL's loop parses, runs and tokenises everything as usual."""
+
+    turn = 0
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        tokenizer = self.processing_class.tokenizer
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        turn, self.turn = self.turn, self.turn + 1
+        out = []
+        for j in range(len(prompt_ids)):
+            if turn < TURNS:
+                message = agent.assistant_call(
+                    "click", {"x": 8 + 16 * j + 4 * turn, "y": 20 + 40 * turn}
+                )
+                user = [{"role": "user", "content": [{"type": "text", "text": "-"}]}]
+                render = self.processing_class.apply_chat_template
+                prompt = _unbatched(render(user, add_generation_prompt=True, tokenize=True))
+                full = _unbatched(render([*user, message], tokenize=True))
+                ids = list(full[len(prompt) :])
+                ids = ids[: ids.index(end) + 1]
+            else:
+                ids = [*tokenizer.encode("ok"), end]
+            out.append(ids)
+        return out, None
+
+
+def train_once(tiny, tasks, backend, tmp_path, width):
+    """One GRPO step of a batch of GROUP x PROMPTS completions, TURNS turns each."""
+    from trl import GRPOTrainer
+
+    model, processor = pin.load(tiny)
+    args = grpo_args(
+        tmp_path / "trl",
+        processor.tokenizer,
+        num_generations=GROUP,
+        prompts_per_step=PROMPTS,
+        max_turns=TURNS,
+        max_completion_length=512,
+        parallel_steps=width,
+    )
+    args.max_steps = 1
+    ledger = Ledger(
+        str(tmp_path / "trajectories.jsonl"),
+        str(tmp_path / "checkpoints.jsonl"),
+        arm="drums",
+        seed=1,
+        checkpoint_interval=100,
+        prices=Prices(0.1, 0.2),
+    )
+    run = Run(
+        tasks,
+        None,
+        HeldoutGuard(frozenset()),
+        ledger,
+        ForkGroups(backend, GROUP),
+        tools=agent.tool_set("click"),
+        max_turns=TURNS,
+        clock=GenerationClock(),
+    )
+    cls = type("Trainer", (GuardedGenerationMixin, ConcurrentToolsMixin, Scripted, GRPOTrainer), {})
+    from datasets import Dataset
+
+    trainer = cls(
+        model=model,
+        processing_class=processor,
+        args=args,
+        train_dataset=Dataset.from_list(agent.training_rows(tasks)),
+        environment_factory=environment_factory(run),
+    )
+    trainer.tool_calls = ToolCalls(width, run.times, run.clock.env_call)
+    batches = record_batches(trainer)
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    return trainer, batches[0], lines
+
+
+@pytest.mark.integration  # a gVisor sandbox per session (docs/reference/tests.md)
+def test_grpo_multi_turn_on_the_fork_arm_same_trajectories_and_batch_as_trls_own_loop(
+    tiny, tasks, tmp_path
+):
+    arm = {"backend": "drums", "url": "embedded", "mode": "fork"}
+    with open_arm(arm) as backend:
+        assert backend.can_fork
+        started = time.monotonic()
+        one, one_batch, one_lines = train_once(tiny, tasks, backend, tmp_path / "one", 1)
+        batched, batch, lines = train_once(tiny, tasks, backend, tmp_path / "all", None)
+        assert time.monotonic() - started < 600
+    assert one.tool_calls.summary()["batches"] == 0  # TRL's own loop, one call after another
+    summary = batched.tool_calls.summary()
+    n = GROUP * PROMPTS
+    assert (summary["batches"], summary["calls"], summary["widest"]) == (TURNS, TURNS * n, n)
+
+    kept = ("task_id", "verdict", "failed_gates", "score", "turns", "actions", "refused")
+    same = [{k: line[k] for k in (*kept, "actions_sha256")} for line in lines]
+    assert same == [{k: line[k] for k in (*kept, "actions_sha256")} for line in one_lines]
+    assert [line["turns"] for line in lines] == [TURNS] * n
+    assert all(line["verdict"] == "valid" for line in lines)
+    assert len({line["actions_sha256"] for line in lines}) == n  # each session its own actions
+    assert {line["fork_parent"] is not None for line in lines} == {True}
+
+    import torch
+
+    for key in ("prompt_ids", "completion_ids", "completion_mask", "tool_mask", "advantages"):
+        assert torch.equal(batch[key], one_batch[key]), key
+    assert int(batch["tool_mask"].eq(0).sum()) > 0  # tool results, masked as TRL masks them
+    for key in ("pixel_values", "image_grid_thw"):
+        assert torch.equal(batch[key], one_batch[key]), key
