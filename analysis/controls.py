@@ -228,7 +228,9 @@ def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords
         rewards["powered_at"] = POWERED
     evidence = {"seeds": per_seed, "curves": curves, "curve_test": curve_test, "rewards": rewards}
     if control.expect == "eval_differs":
-        evidence["evaluation"] = _evaluation_check(control, [mine[s] for s in seeds], alpha)
+        evidence["evaluation"] = _evaluation_check(
+            control, [mine[s] for s in seeds], [base[s] for s in seeds], alpha
+        )
     return evidence
 
 
@@ -268,29 +270,39 @@ def _curve_power(curve_test: dict, base_curves: dict, flip: float, alpha: float)
     }
 
 
-def _evaluation_check(control: Control, runs: list[RunRecords], alpha: float) -> dict:
+def _evaluation_check(
+    control: Control, runs: list[RunRecords], base_runs: list[RunRecords], alpha: float
+) -> dict:
     """An evaluation corruption's evidence, pooled over seeds: each checkpoint's reported
     evaluation against its honest one, episode by episode (reward_consistency.paired_episodes),
-    against the honest evaluations' own disagreement (same task, same actions, another score),
-    one-sided Fisher at alpha, with its power at the registered flip_eval."""
-    per_seed, baselines = [], []
+    against the honest evaluations' own disagreement (same task, same actions, another score,
+    over every honest evaluation on the evaluation backend: the base runs' and the control's
+    honest ones, a record reused for an identical checkpoint counted once), one-sided Fisher at
+    alpha, with its power at the registered flip_eval."""
+    per_seed, honest_records = [], {}
+    for run in [*base_runs, *runs]:
+        records = run.evaluations if run in base_runs else (run.honest_evaluations or {})
+        for name, record in records.items():
+            key = record.get("evaluation_key") or f"{run.arm}/{run.seed}/{name}"
+            honest_records[key] = record
     for run in runs:
         if not run.honest_evaluations:
             per_seed.append(
                 {"seed": run.seed, "verdict": "not compared", "reason": "no honest evaluation"}
             )
             continue
-        pairs = paired_episodes(run.evaluations, run.honest_evaluations)
-        honest = consistency(evaluation_lines(run.honest_evaluations))
-        baselines.append(honest)
-        per_seed.append({"seed": run.seed, "pairs": pairs, "honest": honest})
+        per_seed.append(
+            {"seed": run.seed, "pairs": paired_episodes(run.evaluations, run.honest_evaluations)}
+        )
     compared = [s["pairs"] for s in per_seed if "pairs" in s]
     reported = {
         "pairs": sum(p["pairs"] for p in compared),
         "comparable_groups": sum(p["comparable_groups"] for p in compared),
         "disagreeing_groups": sum(p["disagreeing_groups"] for p in compared),
     }
-    honest = pooled(baselines)
+    honest = consistency(evaluation_lines(honest_records))
+    if "comparable_groups" not in honest:  # no honest episode records its actions
+        honest = {**honest, "comparable_groups": 0, "disagreeing_groups": 0}
     p = excess(reported, honest)
     return {
         "seeds": per_seed,

@@ -1,12 +1,36 @@
 # The built-in controls (the pre-registration's `controls`): each is trained and evaluated by the
 # same rules as the A/B's arms under <arm>-<name>, and judged here against its registered verdict.
+# An evaluation corruption's run also names its checkpoints' honest evaluations (rules/eval.smk).
+
+
+def honest_evaluations(arm, seed):
+    if arm not in EVAL_CONTROLS:
+        return []
+    names = checkpoint_names(arm, seed)
+    return [f"{run_dir(arm, seed)}/eval-honest/{name}.json" for name in names]
+
+
+def controls_inputs(wildcards):
+    honest = [path for arm, seed in CONTROL_RUNS for path in honest_evaluations(arm, seed)]
+    return control_run_records(wildcards) + honest
+
+
+def controls_arguments(wildcards):
+    return " ".join(
+        "--run "
+        + " ".join(
+            control_files(arm, seed, is_control)
+            + (honest_evaluations(arm, seed) if is_control else [])
+        )
+        for (arm, seed), is_control in control_pairs()
+    )
 
 
 rule controls:
     input:
         target=TARGET,
         receipts=training_receipts(),
-        runs=control_run_records,
+        runs=controls_inputs,
     output:
         json=f"{RESULTS}/controls.json",
         md=report(
@@ -14,7 +38,7 @@ rule controls:
         ),
         receipt=f"{RECEIPTS}/controls.json",
     params:
-        runs=control_run_arguments,
+        runs=controls_arguments,
     conda:
         SOFTWARE
     benchmark:

@@ -2,6 +2,19 @@
 # `train` checkpoint has run, on the pre-registered evaluation backend (the same for every arm).
 # A checkpoint identical file for file to one already evaluated under the same protocol is not
 # played again: its record is taken from EVALUATIONS, marked reused (eval/reuse.py).
+# An evaluation corruption's runs (the pre-registration's eval_differs controls) are evaluated
+# with their flip, and each of their checkpoints once more honestly (eval-honest/), so that
+# analysis/controls.py can compare the two evaluations of one checkpoint.
+
+EVAL_CONTROLS = {c.run_arm: c for c in PREREG.controls if c.expect == "eval_differs"}
+
+
+def eval_backend(arm):
+    """The evaluation arm's config for the runs of `arm`: with an evaluation corruption's flip
+    (envs/controls.py) for its runs, as registered for every other arm."""
+    evaluation = config["arms"][PREREG.evaluation.backend]
+    control = EVAL_CONTROLS.get(arm)
+    return control.eval_config(evaluation) if control else evaluation
 
 
 rule eval:
@@ -15,7 +28,7 @@ rule eval:
     output:
         run_file("eval/{name}.json"),
     params:
-        backend=as_arg(config["arms"][PREREG.evaluation.backend]),
+        backend=lambda w: as_arg(eval_backend(w.arm)),
         store=EVALUATIONS,
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
@@ -34,6 +47,38 @@ rule eval:
         " --pins {input.pins} --checkpoint-records {input.records}"
         " --checkpoint {input.checkpoint} --heldout {input.heldout} --backend {params.backend}"
         " --out {output} --store {params.store} --log {log}"
+
+
+if EVAL_CONTROLS:
+
+    rule eval_honest:
+        input:
+            target=TARGET,
+            receipts=training_receipts(),
+            pins=run_file("pins.json"),
+            records=run_file("checkpoints.jsonl"),
+            checkpoint=run_file("checkpoints/{name}"),
+            heldout=f"{RESULTS}/tasks/heldout.jsonl",
+        output:
+            run_file("eval-honest/{name}.json"),
+        params:
+            backend=as_arg(config["arms"][PREREG.evaluation.backend]),
+            store=EVALUATIONS,  # a replayed checkpoint takes its base run's record
+        wildcard_constraints:
+            arm="|".join(EVAL_CONTROLS),
+            seed=r"\d+",
+        threads: whole_machine()
+        conda:
+            SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/eval-honest/{{arm}}_seed{{seed}}_{{name}}.tsv",
+        log:
+            f"{LOGS}/eval-honest_{{arm}}_seed{{seed}}_{{name}}.log",
+        shell:
+            "python -m envab.eval.heldout --target {input.target} --receipts {input.receipts}"
+            " --pins {input.pins} --checkpoint-records {input.records}"
+            " --checkpoint {input.checkpoint} --heldout {input.heldout}"
+            " --backend {params.backend} --out {output} --store {params.store} --log {log}"
 
 
 # The confirmatory evaluation (pre-registered `confirmation`): each run's accepted crossing
