@@ -73,6 +73,9 @@ def check_embedded_host(mode: str | None, sandbox: str, world: str, rootfs_given
     if world == "xdesktop" and sandbox == "namespaces":
         raise ArmError("world xdesktop runs in gVisor sandboxes or QEMU VMs: a namespace "
                        "sandbox's filter refuses the programs it starts")  # fmt: skip
+    if sandbox == "runc" and (world != "pillow" or mode != "restore"):
+        raise ArmError("sandbox runc runs the Pillow desktop in restore mode (world: pillow, "
+                       "mode: restore): a container cannot fork here")  # fmt: skip
     if sandbox == "qemu" and (world != "xdesktop" or mode != "restore"):
         raise ArmError("sandbox qemu runs the X desktop in restore mode (world: xdesktop, "
                        "mode: restore): a VM cannot fork")  # fmt: skip

@@ -18,6 +18,7 @@ from envab.envs.controls import ControlBackend
 from envab.envs.drums import EMBEDDED, DrumsError, connect
 from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.host.namespaces import namespaces_problem
+from envab.envs.host.runc import runc_problem
 from envab.envs.protocol import Backend
 from envab.envs.qemu.pool import QemuConfig, QemuPool
 
@@ -64,6 +65,8 @@ def open_arm(
         raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
     if arm["url"] == EMBEDDED and sandbox == "namespaces" and namespaces_problem():
         raise ArmError(f"arm sandbox namespaces: {namespaces_problem()}")
+    if arm["url"] == EMBEDDED and sandbox == "runc" and runc_problem():
+        raise ArmError(f"arm sandbox runc: {runc_problem()}")
     host_args = []
     if world == "xdesktop":
         host_args = ["--world", "xdesktop"]

@@ -124,6 +124,7 @@ def test_a_wrong_arm_is_refused_with_one_line_before_anything_starts(arm, faults
     [
         {"mode": "restore", "sandbox": "process", "world": "xdesktop"},
         {"mode": "fork", "sandbox": "namespaces", "world": "xdesktop"},
+        {"mode": "fork", "sandbox": "runc", "world": "pillow"},
         {"mode": "fork", "sandbox": "qemu", "world": "xdesktop"},
         {"mode": "restore", "sandbox": "qemu", "world": "pillow"},
         {"mode": "restore", "sandbox": "qemu", "world": "xdesktop", "rootfs": "/somewhere"},
@@ -141,7 +142,7 @@ def test_an_embedded_host_refuses_what_its_arm_refuses_with_the_same_line(host):
     # The host and the arm offer the schema's choices.
     assert (MODES, SANDBOXES, WORLDS) == (
         ("fork", "restore"),
-        ("gvisor", "process", "namespaces", "qemu"),
+        ("gvisor", "process", "namespaces", "runc", "qemu"),
         ("pillow", "xdesktop"),
     )
 

@@ -15,6 +15,7 @@ from envab.envs.arms import open_arm
 from envab.envs.check import FAULT_GATES, NonConformance, check_backend
 from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.host.namespaces import namespaces_problem
+from envab.envs.host.runc import runc_problem
 from envab.envs.tasks.build import build
 from envab.envs.tasks.osworld import load_dir
 
@@ -37,6 +38,10 @@ def _no_gvisor() -> str | None:
 def _no_namespaces() -> str | None:
     problem = namespaces_problem()
     return f"namespace sandbox: {problem}" if problem else None
+
+
+def _no_runc() -> str | None:
+    return f"runc: {runc_problem()}" if runc_problem() else None
 
 
 def _no_xdesktop(sandbox_problem) -> str | None:
@@ -87,6 +92,12 @@ BACKENDS = [
         "pillow",
         _no_namespaces,
         integration=False,
+    ),
+    backend(
+        "runc-restore",
+        {"backend": "drums", "url": "embedded", "mode": "restore", "sandbox": "runc"},
+        "pillow",
+        _no_runc,
     ),
     backend("qemu", {"backend": "qemu", "vms": 1, "cache": QEMU_CACHE}, "pillow", _no_qemu),
     backend(

@@ -76,7 +76,8 @@ def test_as_root_without_sudo_it_updates_then_installs(machine):
     assert result.returncode == 0, result.stderr
     assert calls[0] == "apt-get update -qq"
     assert calls[1] == (
-        "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap curl bubblewrap libseccomp2"
+        "apt-get install -y -qq qemu-system-x86 qemu-utils debootstrap curl bubblewrap "
+        "libseccomp2 runc"
     )
     # runsc (no runsc on the machine yet): downloaded from Debian's archive, checked, installed
     assert calls[2].startswith("curl -fsSL -o ") and calls[2].endswith(

@@ -1,5 +1,5 @@
 """python -m envab.envs.host --mode fork|restore --port P --token-file F
-[--sandbox gvisor|process|namespaces|qemu] [--world pillow|xdesktop] [--allow-faults]"""
+[--sandbox gvisor|process|namespaces|runc|qemu] [--world pillow|xdesktop] [--allow-faults]"""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="where each environment runs: a gVisor sandbox forked by checkpoint and restore "
         "(default; needs Debian's runsc, as root), a plain process forked with os.fork, the "
         "same fork inside a sandbox of Linux namespaces and a seccomp filter (the Pillow "
-        "desktop; needs Debian's bubblewrap, as root), or (the X desktop, restore mode) a QEMU "
-        "VM reset by loadvm of a warm snapshot",
+        "desktop; needs Debian's bubblewrap, as root), a fresh OCI container under runc (the "
+        "Pillow desktop, restore mode; as root), or (the X desktop, restore mode) a QEMU VM "
+        "reset by loadvm of a warm snapshot",
     )
     p.add_argument("--sandbox-dir", help="checkpoint images and runsc state (default: a temp dir)")
     p.add_argument(

@@ -68,8 +68,9 @@ def serve_embedded(
     up to `max_restarts` times; requests made meanwhile wait in the socket's queue, and the new
     host answers 404 for the environments the old one held. `sandbox` is where each environment
     runs: "gvisor" (a sandbox forked by checkpoint and restore), "process" (os.fork),
-    "namespaces" (os.fork inside a sandbox of Linux namespaces) or "qemu" (the X desktop in
-    restore mode: a VM reset by loadvm).
+    "namespaces" (os.fork inside a sandbox of Linux namespaces), "runc" (a fresh OCI container
+    per environment, restore mode) or "qemu" (the X desktop in restore mode: a VM reset by
+    loadvm).
     """
     token = host_token(token_file)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

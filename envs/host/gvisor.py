@@ -236,6 +236,15 @@ class Gvisor:
     """The host's sandboxes: one runsc state root, one bundle, checkpoint images, and a reaper
     that waits for stopped sandboxes and deletes their state."""
 
+    name = "gVisor"  # what a refusal calls it (envs/host/runc.py runs the same bundle)
+
+    @staticmethod
+    def _problem() -> str | None:
+        return gvisor_problem()
+
+    def _sandbox(self, cid: str, proc: subprocess.Popen, channel: PipeChannel, image: str):
+        return Sandbox(cid, proc, channel, image)
+
     def __init__(
         self,
         workdir: str | Path | None,
@@ -243,9 +252,9 @@ class Gvisor:
         timeout_s: float,
         root: str | Path | None = None,
     ):
-        problem = gvisor_problem()
+        problem = self._problem()
         if problem:
-            raise SandboxUnavailable(f"the gVisor sandbox cannot run: {problem}")
+            raise SandboxUnavailable(f"the {self.name} sandbox cannot run: {problem}")
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or scratch.make("envab-gvisor-")).resolve()
         self.root = self.workdir / "state"
@@ -283,7 +292,7 @@ class Gvisor:
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
-        sandbox = Sandbox(cid, proc, PipeChannel(from_child_r, to_child_w), image)
+        sandbox = self._sandbox(cid, proc, PipeChannel(from_child_r, to_child_w), image)
         with self._lock:
             self._live[cid] = sandbox
         return sandbox
@@ -302,7 +311,7 @@ class Gvisor:
         except (OSError, EOFError, ConnectionError, TimeoutError) as e:
             self.close()
             raise SandboxUnavailable(
-                f"the worker did not start in a gVisor sandbox ({e}); its error is above"
+                f"the worker did not start in a {self.name} sandbox ({e}); its error is above"
             ) from None
         self.stop(sandbox, kill=False)
 

@@ -13,9 +13,10 @@ Where a worker runs is the host's `sandbox`: `gvisor` (each environment in its o
 forked by checkpoint and restore: `envab.envs.host.gvisor`), `process` (each a plain process
 forked from a zygote with os.fork: no isolation, the fastest fork there is), `namespaces` (the
 same forks, inside one sandbox of Linux namespaces, uid nobody, limits and a seccomp filter that
-the zygote sets up and every fork inherits: `envab.envs.host.namespaces`), or, for the real X
-desktop in restore mode, `qemu` (each a QEMU VM reset by `loadvm` of a warm snapshot:
-`envab.envs.xdesktop.qemu`, the same files as the gVisor sandboxes' root).
+the zygote sets up and every fork inherits: `envab.envs.host.namespaces`), `runc` (each a fresh
+OCI container, restore mode: the gVisor sandbox's bundle under runc, `envab.envs.host.runc`),
+or, for the real X desktop in restore mode, `qemu` (each a QEMU VM reset by `loadvm` of a warm
+snapshot: `envab.envs.xdesktop.qemu`, the same files as the gVisor sandboxes' root).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from envab.envs.host import namespaces
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
 from envab.envs.host.files import cloud_file_reply, is_cloud_file, stage_messages
 from envab.envs.host.gvisor import Gvisor, Sandbox
+from envab.envs.host.runc import Runc
 from envab.envs.host.worker import load_object
 from envab.envs.lifetime import start_child
 from envab.envs.protocol import (
@@ -226,19 +228,19 @@ class Pool:
             self.sandboxes.probe()
             log.info("QEMU VMs under %s (mode restore)", self.sandboxes.workdir)
             return
-        if self.config.sandbox == "gvisor":
+        if self.config.sandbox in ("gvisor", "runc"):
             argv = [sys.executable, "-c", _ZYGOTE, "--stdio", "--mode", self.config.mode,
                     "--desktop", self.config.desktop]  # fmt: skip
             root = None
             if self.config.world == "xdesktop":
                 argv, root = XDESKTOP_SERVER, self.config.rootfs
-            self.sandboxes = Gvisor(
+            runtime = Runc if self.config.sandbox == "runc" else Gvisor  # the same bundle
+            self.sandboxes = runtime(
                 self.config.sandbox_dir, argv, self.config.create_timeout_s, root=root
             )
             self.sandboxes.probe()  # a worker that cannot start in a sandbox stops the host here
-            log.info(
-                "gVisor sandboxes under %s (mode %s)", self.sandboxes.workdir, self.config.mode
-            )
+            log.info("%s sandboxes under %s (mode %s)", self.sandboxes.name,
+                     self.sandboxes.workdir, self.config.mode)  # fmt: skip
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [
