@@ -2,7 +2,8 @@
 default, which functions the trainer spends it in, and how fast `verify` hashes against sha256sum.
 
     python bench/perf.py --out DIR [--valid 160] [--arms qemu drums] [--profile]
-                         [--creates 1 8] [--cpus none 0:1] [--vms 2 4 8]
+                         [--creates 1 8] [--cpus none 0:1] [--vms 2 4 8] [--steps 1 all]
+                         [--no-verify]
 
 A copy of the workflow in DIR/workflow-<variant> with the embedded default's arms, model, warm
 start and GRPO settings, and a budget of --valid valid trajectories (16 per step), trains each
@@ -14,15 +15,20 @@ environments' as comma-separated lists, e.g. `0:1`) with each value of --vms (th
 pool starts with, `arms.qemu.vms`; the default keeps config.yaml's. Its ceiling `max_vms` stays
 at least the generation batch, 16: TRL holds a step's every session open at once, so a smaller
 pool cannot run a step. The fork host has no pool to size: each environment is a sandbox of its
-own, restored or forked on demand). Each run's
+own, restored or forked on demand) with each value of --steps (`training.grpo.parallel_steps`:
+how many of a turn's tool calls run at once across the generation batch, `all` for the batch, 1
+for TRL's loop, one after another; trainer/toolcalls.py). Each run's
 `run.json: step_times` (trainer/step_times.py) splits every step into generation, environment,
 log-probs, learning and overhead (TRL's rollout glue, and what happens between steps); the table
 gives the steps after the first (which warms up), and the run's valid rollouts per host-hour with
 the model playing (`valid_trajectories / env_host_hours`, the whole run: bench/envs_bench.py
-gives the oracle's ceiling). `--profile` samples each training process with
+gives the oracle's ceiling), and a second table each step's environment and generation seconds
+with what the turns' batches did (`run.json: tool_calls`: the calls' own seconds summed against
+the batches' wall-clock). `--profile` samples each training process with
 py-spy (`pip install -e .[bench]`) and prints where its time goes, by leaf function and by the
 project's own functions. Then `python -m envab.verify receipts/perf` is timed against `sha256sum`
-on the same files (each run twice, the faster kept, the page cache warm for both). Writes
+on the same files (each run twice, the faster kept, the page cache warm for both; not with
+--no-verify). Writes
 DIR/perf.json; docs/results/2026-12-02-performance.md is this script's output.
 """
 
@@ -49,7 +55,13 @@ OWN = re.compile(r"\((?:envab|envs|trainer|eval|analysis)/")  # the project's ow
 
 
 def workflow_copy(
-    root: Path, valid: int, arms: list[str], creates: int, cpus: str, vms: int | None
+    root: Path,
+    valid: int,
+    arms: list[str],
+    creates: int,
+    cpus: str,
+    vms: int | None,
+    steps: int | None = None,
 ) -> None:
     for name in WORKFLOW:
         src = REPO / name
@@ -61,6 +73,7 @@ def workflow_copy(
     config = yaml.safe_load(config_path.read_text())
     config["arms"] = {arm: config["arms"][arm] for arm in arms}
     config["training"]["grpo"]["parallel_creates"] = creates
+    config["training"]["grpo"]["parallel_steps"] = steps
     if cpus != "none":
         trainer, _, environments = cpus.partition(":")
         config["training"]["cpus"] = {
@@ -136,6 +149,8 @@ def step_table(run: dict) -> dict:
         "share": {part: after[part] / step_s for part in PARTS} if step_s else {},
         "overhead": (after["rollout"] + after["between"]) / step_s if step_s else None,
         "first_step_s": steps["first_step_s"]["step_s"],
+        # seconds per step, for the arms' environment against their generation
+        "per_step_s": {part: after[part] / n for part in PARTS} if n else {},
     }
 
 
@@ -224,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", default=["qemu", "drums"])
     p.add_argument("--profile", action="store_true", help="sample each training with py-spy")
     p.add_argument("--hash-gib", type=float, default=1.0, help="GiB hashed against sha256sum")
+    p.add_argument("--no-verify", action="store_true", help="the steps only: verify not timed")
     p.add_argument(
         "--creates",
         nargs="+",
@@ -240,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--vms", nargs="+", type=int, default=[None], help="the QEMU arm's pool size per copy"
     )
+    p.add_argument(
+        "--steps",
+        nargs="+",
+        type=steps_width,
+        default=[None],
+        help="training.grpo.parallel_steps per copy: a number, or all (the batch)",
+    )
     args = p.parse_args(argv)
     if "drums" not in args.arms:  # the warm start plays its demonstrations there
         raise SystemExit("--arms must include drums, the embedded default's evaluation arm")
@@ -250,16 +273,25 @@ def main(argv: list[str] | None = None) -> int:
         "creates": args.creates,
         "cpus": args.cpus,
         "vms": args.vms,
+        "steps": args.steps,
         "arms": {},
     }
-    variants = [(n, cpus, vms) for n in args.creates for cpus in args.cpus for vms in args.vms]
+    variants = [
+        (n, cpus, vms, steps)
+        for n in args.creates
+        for cpus in args.cpus
+        for vms in args.vms
+        for steps in args.steps
+    ]
     roots = []
-    for creates, cpus, vms in variants:
-        root = args.out / f"workflow-creates{creates}-cpus{cpus.replace(':', '-')}-vms{vms}"
+    for creates, cpus, vms, steps in variants:
+        root = args.out / (
+            f"workflow-creates{creates}-cpus{cpus.replace(':', '-')}-vms{vms}-steps{steps or 'all'}"
+        )
         if root.exists():
             raise SystemExit(f"{root} exists: give a new --out")
         root.mkdir(parents=True)
-        workflow_copy(root, args.valid, args.arms, creates, cpus, vms)
+        workflow_copy(root, args.valid, args.arms, creates, cpus, vms, steps)
         roots.append(root)
         for arm in args.arms:
             label = arm
@@ -271,12 +303,16 @@ def main(argv: list[str] | None = None) -> int:
                 if arm != "qemu" and vms != args.vms[0]:
                     continue  # the pool size is the QEMU arm's: the other arms once
                 label += f", {vms} VMs" if arm == "qemu" else ""
+            if len(args.steps) > 1:
+                label += f", parallel_steps {steps or 'all'}"
             first = root == roots[0]
             profile = args.out / f"profile-{arm}.txt" if args.profile and first else None
             wall = train(root, arm, profile)
             run = json.loads((root / "results" / EXP / arm / "seed1" / "run.json").read_text())
             entry = {"job_wall_s": round(wall, 1), "steps": step_table(run)}
             entry["placement"] = run.get("placement")
+            entry["tool_calls"] = run.get("tool_calls")  # absent in runs before the setting
+            entry["load"] = run.get("load")  # what else the machine was doing meanwhile
             # With the model playing: valid rollouts per hour of the arm held (the whole run)
             entry["valid_per_host_hour"] = round(run["valid_trajectories"] / run["env_host_hours"])
             if profile is not None and profile.exists():
@@ -284,10 +320,21 @@ def main(argv: list[str] | None = None) -> int:
             result["arms"][label] = entry
             print(f"{label}: trained in {wall:.0f} s (freeze and warm start included on the first)")
     root = roots[0]
-    result["verify"] = verify_against_sha256sum(root, args.out / "hashing", args.hash_gib)
+    if not args.no_verify:
+        result["verify"] = verify_against_sha256sum(root, args.out / "hashing", args.hash_gib)
     (args.out / "perf.json").write_text(json.dumps(result, indent=2) + "\n")
     print(report(result))
     return 0
+
+
+def steps_width(value: str) -> int | None:
+    """--steps: `all` (None: every call of a turn at once) or a width of at least 1."""
+    if value == "all":
+        return None
+    width = int(value)
+    if width < 1:
+        raise argparse.ArgumentTypeError("a width is at least 1, or all")
+    return width
 
 
 def report(result: dict) -> str:
@@ -306,22 +353,43 @@ def report(result: dict) -> str:
             f"| {arm} | {s['steps']} | {s['step_s']:.2f} | {pct} | {100 * s['overhead']:.1f} % | "
             f"{entry['valid_per_host_hour']} |"
         )
-    v, h = result["verify"]["receipts"], result["verify"]["hashing"]
-    n = h["workers"]
     lines += [
         "",
-        "verify against sha256sum (whole processes, best of two, page cache warm):",
+        "Seconds per step (the same steps), and the turns' tool calls over the whole run "
+        "(`run.json: tool_calls`; the calls' own seconds summed against the batches' wall-clock):",
         "",
-        "| files | what | sha256sum s | verify s | verify's throughput / sha256sum's |",
-        "|---|---|---:|---:|---:|",
-        f"| the run's receipts: {v['files']} files, {v['mib']} MiB ({v['checks']} checks) | "
-        f"`python -m envab.verify receipts/perf` | {v['sha256sum_s']} | {v['verify_s']} | "
-        f"{v['ratio']}x |",
-        f"| {h['files']} files of 128 MiB ({h['mib']} MiB) | verify's hashing, 1 thread | "
-        f"{h['sha256sum_s']} | {h['digests_1_s']} | {h['sha256sum_s'] / h['digests_1_s']:.2f}x |",
-        f"| the same | verify's hashing, {n} threads | {h['sha256sum_s']} | "
-        f"{h[f'digests_{n}_s']} | {h['sha256sum_s'] / h[f'digests_{n}_s']:.2f}x |",
+        "| arm | environment s | generation s | environment / generation | tool-call batches | "
+        "calls | widest | calls' seconds | batches' wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    for arm, entry in result["arms"].items():
+        per = entry["steps"]["per_step_s"]
+        calls = entry.get("tool_calls") or {}
+        ratio = per["environment"] / per["generation"] if per.get("generation") else float("nan")
+        lines.append(
+            f"| {arm} | {per['environment']:.2f} | {per['generation']:.2f} | {ratio:.1f} | "
+            f"{calls.get('batches', '-')} | {calls.get('calls', '-')} | "
+            f"{calls.get('widest', '-')} | {calls.get('busy_s', '-')} | "
+            f"{calls.get('wall_s', '-')} |"
+        )
+    if "verify" in result:  # not with --no-verify
+        v, h = result["verify"]["receipts"], result["verify"]["hashing"]
+        n = h["workers"]
+        lines += [
+            "",
+            "verify against sha256sum (whole processes, best of two, page cache warm):",
+            "",
+            "| files | what | sha256sum s | verify s | verify's throughput / sha256sum's |",
+            "|---|---|---:|---:|---:|",
+            f"| the run's receipts: {v['files']} files, {v['mib']} MiB ({v['checks']} checks) | "
+            f"`python -m envab.verify receipts/perf` | {v['sha256sum_s']} | {v['verify_s']} | "
+            f"{v['ratio']}x |",
+            f"| {h['files']} files of 128 MiB ({h['mib']} MiB) | verify's hashing, 1 thread | "
+            f"{h['sha256sum_s']} | {h['digests_1_s']} | "
+            f"{h['sha256sum_s'] / h['digests_1_s']:.2f}x |",
+            f"| the same | verify's hashing, {n} threads | {h['sha256sum_s']} | "
+            f"{h[f'digests_{n}_s']} | {h['sha256sum_s'] / h[f'digests_{n}_s']:.2f}x |",
+        ]
     for arm, entry in result["arms"].items():
         if "profile" not in entry:
             continue
