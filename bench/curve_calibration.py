@@ -5,14 +5,20 @@ and 4).
 
 Prints, for the embedded default's shape (32 held-out tasks x 4 episodes per checkpoint, a curve
 0.55 -> 0.80 over three trained checkpoints; analysis/calibration.py), with training noise of
-0.3 on the logit per checkpoint and per task ("default") and twice that ("noisy"):
+0.3 on the logit per checkpoint and per task ("default"), twice that ("noisy"), and the default
+with an arm difference per task of SD 0.5 on the logit around the stated gap ("task-varying": at
+gap 0 no difference over held-out tasks in general, some on any one drawn task set):
 - the false "differ" rate on A/A pairs (gap 0) and the power at logit gaps 0.5 and 1.0 (their
-  mean success-rate gap printed beside them), at 1, 2, 3 and 5 seeds per arm, of the paired
-  t-test over seeds that judges the controls (at alpha 0.05; none with one seed: it makes no
-  claim) and of `curve_equivalence`'s bootstrap band (confidence 0.95, 500 resamples);
+  mean success-rate gap printed beside them), at 1, 2, 3 and 5 seeds per arm, of the curve test
+  over seeds x held-out tasks that judges the controls, of the paired t-test over seeds (this
+  fixed task set's estimand; both at alpha 0.05, none with one seed: no claim) and of
+  `curve_equivalence`'s bootstrap band (confidence 0.95, 500 resamples);
 - the power of the corruption's reward-consistency test (one-sided Fisher at 0.05, base arm with
   no disagreement in as many groups) to see flip_rewards 0.1 and 0.25, by the number of
-  comparable groups of two attempts.
+  comparable groups of two attempts;
+- the power of the evaluation corruption's test (reported against honest episode pairs,
+  one-sided Fisher at 0.05 against honest evaluations with no disagreement in as many groups) to
+  see flip_eval 0.05 and 0.1, by the number of comparable pairs.
 """
 
 from __future__ import annotations
@@ -21,26 +27,33 @@ import argparse
 import time
 
 from envab.analysis.calibration import Scenario, differ_rate, rate_gap
-from envab.analysis.reward_consistency import flip_power
+from envab.analysis.reward_consistency import flip_power, pair_power
 
-SCENARIOS = {"default": Scenario(), "noisy": Scenario(run_sd=0.6, run_task_sd=0.5)}
+SCENARIOS = {
+    "default": Scenario(),
+    "noisy": Scenario(run_sd=0.6, run_task_sd=0.5),
+    "task-varying": Scenario(gap_task_sd=0.5),
+}
+
+
+def _rate(value: float | None) -> str:
+    return "no claim" if value is None else f"{value:.3f}"
 
 
 def curves(simulations: int) -> None:
     print(
-        "| training noise | seeds per arm | logit gap (rate gap) | paired t differ | band differ |"
+        "| training noise | seeds per arm | logit gap (rate gap) | seeds x tasks differ "
+        "| paired t differ | band differ |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, scenario in SCENARIOS.items():
         for seeds in (1, 2, 3, 5):
             for gap in (0.0, 0.5, 1.0):
                 r = differ_rate(scenario, seeds, simulations, margin=0.075, gap=gap, samples=500)
-                paired = (
-                    "no claim" if r["paired_t_differ"] is None else f"{r['paired_t_differ']:.3f}"
-                )
                 print(
                     f"| {name} | {seeds} | {gap:.1f} ({rate_gap(scenario, gap):.3f}) "
-                    f"| {paired} | {r['band_differ']:.3f} |"
+                    f"| {_rate(r['cluster_differ'])} | {_rate(r['paired_t_differ'])} "
+                    f"| {r['band_differ']:.3f} |"
                 )
 
 
@@ -56,6 +69,15 @@ def rewards() -> None:
         )
 
 
+def evaluation() -> None:
+    print("\n| comparable episode pairs | power at flip_eval 0.05 | power at flip_eval 0.1 |")
+    print("|---|---|---|")
+    for n in (16, 32, 64, 128, 256, 512):
+        base = {"comparable_groups": n, "disagreeing_groups": 0}
+        low, high = pair_power(n, 0.05, base, 0.05), pair_power(n, 0.1, base, 0.05)
+        print(f"| {n} | {low:.3f} | {high:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--simulations", type=int, default=300)
@@ -63,6 +85,7 @@ def main() -> None:
     started = time.monotonic()
     curves(args.simulations)
     rewards()
+    evaluation()
     print(f"\n{time.monotonic() - started:.0f} s")
 
 

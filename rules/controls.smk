@@ -11,8 +11,9 @@ def honest_evaluations(arm, seed):
 
 
 def controls_inputs(wildcards):
-    honest = [path for arm, seed in CONTROL_RUNS for path in honest_evaluations(arm, seed)]
-    return control_run_records(wildcards) + honest
+    # The runs' records first: the parameters ask for the training checkpoints in that order.
+    runs = control_run_records(wildcards)
+    return runs + [path for arm, seed in CONTROL_RUNS for path in honest_evaluations(arm, seed)]
 
 
 def controls_arguments(wildcards):
