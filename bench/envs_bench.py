@@ -1,8 +1,9 @@
 """Benchmark the environment arms side by side on the Pillow desktop: the QEMU pool, the fork host
-on gVisor, and the fork host's plain-process mode.
+in each of its sandboxes (gVisor, a namespace sandbox of bubblewrap and seccomp, plain processes)
+and the restore host in OCI containers (runc).
 
-    python bench/envs_bench.py [--arms qemu gvisor process] [--seconds 20] [--group 8]
-                               [--out FILE.json]
+    python bench/envs_bench.py [--arms qemu gvisor namespaces process runc] [--seconds 20]
+                               [--group 8] [--out FILE.json]
 
 Prints, per arm, in one run (compare ratios within a run: timings on a shared 2-core machine
 move about 20 % between runs):
@@ -41,7 +42,15 @@ ARMS = {
     # A group of 8 restores 8 VMs (it cannot fork); the pool keeps 8 warm.
     "qemu": {"backend": "qemu", "vms": 8, "max_vms": 16, "cache": str(REPO / "build" / "qemu")},
     "gvisor": {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "gvisor"},
+    "namespaces": {
+        "backend": "drums",
+        "url": "embedded",
+        "mode": "fork",
+        "sandbox": "namespaces",
+    },
     "process": {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "process"},
+    # An OCI container cannot fork here (no CRIU): a group is 8 fresh containers.
+    "runc": {"backend": "drums", "url": "embedded", "mode": "restore", "sandbox": "runc"},
 }
 PARALLEL = (1, 2, 4, 8)
 
