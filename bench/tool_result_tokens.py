@@ -14,40 +14,15 @@ shipped config's budget holds.
 from __future__ import annotations
 
 import tempfile
-import types
 from pathlib import Path
 
 import yaml
-from PIL import Image
-from trl import GRPOTrainer
 
-from envab.trainer import agent, preflight
 from envab.trainer import model as pin
+from envab.trainer import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = [(128, 128), (640, 480), (1024, 768), (1920, 1080)]
-
-
-def suffix_tokens(processor, image: Image.Image) -> int:
-    trainer = types.SimpleNamespace(  # what _get_tool_suffix_ids reads of a GRPOTrainer
-        _is_vlm=True,
-        processing_class=processor,
-        chat_template=None,
-        chat_template_kwargs={},
-        _tokenizer=processor.tokenizer,
-    )
-    message = agent.tool_message(preflight.PROBE_CALL[0], image)
-    return len(GRPOTrainer._get_tool_suffix_ids(trainer, [message]))
-
-
-def call_tokens(processor) -> int:
-    user = [{"role": "user", "content": [{"type": "text", "text": "probe"}]}]
-    name, arguments = preflight.PROBE_CALL
-    prompt = processor.apply_chat_template(user, add_generation_prompt=True, tokenize=True)
-    full = processor.apply_chat_template(
-        [*user, agent.assistant_call(name, arguments)], tokenize=True
-    )
-    return len(preflight._unbatched(full)) - len(preflight._unbatched(prompt))
 
 
 def main() -> None:
@@ -67,9 +42,10 @@ def main() -> None:
             for w, h in SIZES:
                 image = preflight.probe_screenshot((w, h))
                 visual = preflight.visual_tokens(processor, image)
-                print(f"| {w}x{h} | {label} | {visual} | {suffix_tokens(processor, image)} |")
+                result = preflight.tool_result_tokens(processor, image)
+                print(f"| {w}x{h} | {label} | {visual} | {result} |")
         processor.image_processor.size = own
-        call = call_tokens(processor)
+        call = preflight.call_tokens(processor)
         print(f"\nthe shortest tool call, click(x=12, y=34): {call} tokens")
         for path in ("config.yaml", ".test/config.yaml", "config/qwen3-vl-4b.yaml"):
             grpo = yaml.safe_load((REPO / path).read_text())["training"]["grpo"]

@@ -69,10 +69,12 @@ elif "osworld" in config["tasks"]:
     rule tasks:
         input:
             receipt=PREREG_RECEIPT,
-            examples=config["tasks"]["osworld"]["dir"],
-            index=config["tasks"]["osworld"].get("index", []),
-            expect=(OSWORLD_FILES or {}).get("expect", []),  # a registered map: a change reruns
-            solutions=OSWORLD_SOLUTIONS or [],
+            # the task source is the repository's (or the team's), never remote storage's
+            examples=local(config["tasks"]["osworld"]["dir"]),
+            index=[local(p) for p in [config["tasks"]["osworld"].get("index")] if p],
+            # a registered map: a change reruns
+            expect=[local(p) for p in [(OSWORLD_FILES or {}).get("expect")] if p],
+            solutions=[local(p) for p in [OSWORLD_SOLUTIONS] if p],
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
             sources=directory(f"{RESULTS}/tasks/osworld"),
@@ -123,7 +125,7 @@ else:
     rule tasks:
         input:
             receipt=PREREG_RECEIPT,
-            tasks=config["tasks"]["path"],
+            tasks=local(config["tasks"]["path"]),
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
             report=f"{RESULTS}/tasks/index.json",
@@ -223,6 +225,8 @@ rule model:
         source=config["model"]["source"],
         spec=as_arg(config["model"]["spec"]),
         manifest=MANIFEST_FILE or as_arg(config["model"]["manifest"]),
+        # the turns must fit the completion budget, counted by the pinned processor: refused here
+        training=as_arg(config["training"]),
     conda:
         SOFTWARE
     benchmark:
@@ -232,8 +236,8 @@ rule model:
     shell:
         "python -m envab.trainer.pin --target {input.target} --receipts {input.receipt}"
         " --source {params.source} --spec {params.spec} --tasks {input.train}"
-        " --manifest {params.manifest} --out {output.model} --receipt {output.receipt}"
-        " > {log} 2>&1"
+        " --manifest {params.manifest} --training {params.training}"
+        " --out {output.model} --receipt {output.receipt} > {log} 2>&1"
 
 
 rule pins:

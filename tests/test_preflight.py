@@ -5,6 +5,9 @@ not wired in, a completion budget that cannot hold the registered turns."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from tiny_grpo import empty_prompts, grpo_args
 from envab.trainer import agent, preflight
 from envab.trainer import model as pin
 
+REPO = Path(__file__).resolve().parent.parent
 TASK = {
     "id": "probe",
     "instruction": "Click the button labelled Save",
@@ -129,3 +133,50 @@ def test_a_completion_budget_that_cannot_hold_the_turns_is_refused_with_its_arit
     big = {**TASK, "config": []}  # no Pillow screen: the X desktop's 1024 x 768
     checks = preflight.run(trainer, processor, big, max_turns=1, max_completion_length=128)
     assert checks[0]["screen"] == [1024, 768]
+
+
+def test_the_freeze_counts_the_budget_from_the_processor_as_the_first_step_does(tiny, tmp_path):
+    """The freeze (trainer/pin.py) has no trainer yet: its count, from the pinned processor and
+    TRL's own tokenisation of a tool result, must be the pre-flight's, screen for screen."""
+    trainer, processor = build(tiny, tmp_path)
+    small = {**TASK, "config": [{"type": "screen", "parameters": {"width": 64, "height": 64}}]}
+    big = {**TASK, "config": []}  # the X desktop's 1024 x 768
+    at_step = preflight.run(trainer, processor, big, max_turns=2, max_completion_length=512)
+    at_freeze = preflight.budget_at_freeze(processor, [small, big], 2, 512)
+    assert at_freeze["ok"] and at_freeze["screen"] == [1024, 768]  # the largest screen decides
+    assert at_freeze["needed"] == at_step[-1]["needed"]
+    refused = preflight.budget_at_freeze(processor, [small, TASK], 6, 128)
+    assert not refused["ok"] and "6 turns of a" in refused["detail"]
+
+
+def test_a_budget_that_cannot_hold_the_turns_refuses_the_model_pin(tiny, tmp_path):
+    tasks = tmp_path / "train.jsonl"
+    tasks.write_text(json.dumps(TASK) + "\n")
+    target = REPO / ".test" / "target.yaml"
+    prereg = subprocess.run(
+        [sys.executable, "-m", "envab.freeze", "target", str(target),
+         "--receipt", str(tmp_path / "preregistration.json")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert prereg.returncode == 0, prereg.stderr
+    manifest = json.dumps(pin.model_manifest(tiny))
+    for turns, code in ((1, 0), (6, 2)):
+        training = {"grpo": {"max_turns": turns, "max_completion_length": 128}}
+        out = tmp_path / f"model{turns}"
+        result = subprocess.run(
+            [sys.executable, "-m", "envab.trainer.pin", "--target", str(target),
+             "--receipts", str(tmp_path / "preregistration.json"),
+             "--source", "builtin:tiny-qwen3-vl", "--tasks", str(tasks), "--manifest", manifest,
+             "--training", json.dumps(training), "--out", str(out),
+             "--receipt", str(tmp_path / f"model{turns}.json")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.returncode == code, result.stderr
+        if code:
+            (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+            assert (
+                "training.grpo: 6 turns of a" in line and "over max_completion_length 128" in line
+            )
+            assert not (tmp_path / f"model{turns}.json").exists()  # no receipt for a refusal
+        else:
+            assert "budget: 1 turns on a 128x128 screen need" in result.stdout

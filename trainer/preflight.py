@@ -25,6 +25,7 @@ The results are recorded in run.json (`preflight`); any failure refuses the run 
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Mapping
 
 import torch
@@ -169,6 +170,44 @@ def completion_budget_fits(
         f"{max_completion_length}: TRL drops the turns past it. Raise max_completion_length, "
         "lower max_turns or the screenshots' pixels",
     }
+
+
+def tool_result_tokens(processor, image: Image.Image) -> int:
+    """The tokens TRL 1.16 appends for one tool result with `image`, from the processor alone
+    (TRL's own `_get_tool_suffix_ids`, on what it reads of a trainer): for the freeze, before
+    any model is loaded."""
+    from trl import GRPOTrainer
+
+    trainer = types.SimpleNamespace(
+        _is_vlm=True,
+        processing_class=processor,
+        chat_template=None,
+        chat_template_kwargs={},
+        _tokenizer=processor.tokenizer,
+    )
+    message = agent.tool_message(PROBE_CALL[0], image)
+    return len(GRPOTrainer._get_tool_suffix_ids(trainer, [message]))
+
+
+def call_tokens(processor) -> int:
+    """The tokens of the shortest tool call as the chat template renders an assistant turn."""
+    user = [{"role": "user", "content": [{"type": "text", "text": "probe"}]}]
+    prompt = processor.apply_chat_template(user, add_generation_prompt=True, tokenize=True)
+    full = processor.apply_chat_template([*user, agent.assistant_call(*PROBE_CALL)], tokenize=True)
+    return len(_unbatched(full)) - len(_unbatched(prompt))
+
+
+def budget_at_freeze(
+    processor, tasks: list[Mapping], max_turns: int, max_completion_length: int
+) -> dict:
+    """`completion_budget_fits` on the largest screen among `tasks`, counted from the processor
+    alone (the pinned model's, with the run's pixel bounds), so a pre-registration whose turns
+    cannot fit is refused at freeze rather than at its first step."""
+    sizes = {screen_size(t) for t in tasks}
+    largest = max(sizes, key=lambda size: size[0] * size[1])
+    result = tool_result_tokens(processor, probe_screenshot(largest))
+    check = completion_budget_fits(call_tokens(processor), result, max_turns, max_completion_length)
+    return {**check, "screen": list(largest), "tool_result_tokens": result}
 
 
 def _unbatched(ids):
