@@ -42,7 +42,12 @@ def dry_run(*args: str) -> str:
 
 def test_the_real_deployment_replaces_the_embedded_default():
     plan = dry_run()
-    assert "receipts/qwen3-vl-4b-v2/preregistration.json" in plan
+    assert "receipts/qwen3-vl-4b-v3/preregistration.json" in plan
+    # real applications on both sandboxes, multi-turn: the X desktop's tasks and oracles
+    assert "envs/xdesktop/tasks" in plan and "--solutions-from" in plan
+    assert '"max_turns": 5' in plan and '"world": "xdesktop"' in plan
+    for run in ("qemu", "drums", "drums-evalcorruption"):
+        assert f"train_{run}_seed1" in plan
     assert "embedded-default" not in plan  # nothing of config.yaml's experiment
     assert "rule pin_model" in plan and "config/qwen3-vl-4b.manifest.yaml" in plan
     assert (
