@@ -55,12 +55,17 @@ def open_arm(
         return
     if allow_faults and arm["url"] != EMBEDDED:
         raise ArmError("fault injection needs the embedded host (url: embedded)")
-    for key in ("sandbox", "world", "rootfs"):
+    for key in ("sandbox", "world", "rootfs", "image"):
         if key in arm and arm["url"] != EMBEDDED:
             raise ArmError(f"{key} is the embedded host's setting (url: embedded); a Drums host "
                            "chooses its own")  # fmt: skip
     sandbox, world = arm.get("sandbox", "gvisor"), arm.get("world", "pillow")
     check_embedded_host(arm.get("mode"), sandbox, world, rootfs_given="rootfs" in arm)
+    image = arm.get("image", "base")  # the X desktop image (envs/xdesktop/apps.py)
+    if "image" in arm and world != "xdesktop":
+        raise ArmError("image names an X desktop image: it needs world: xdesktop")
+    if "image" in arm and "rootfs" in arm:
+        raise ArmError("image and rootfs both name the X desktop's root: give one")
     if arm["url"] == EMBEDDED and sandbox == "gvisor" and gvisor_problem():
         raise ArmError(f"arm sandbox gvisor: {gvisor_problem()} (or set sandbox: process)")
     if arm["url"] == EMBEDDED and sandbox == "namespaces" and namespaces_problem():
@@ -71,7 +76,9 @@ def open_arm(
     if world == "xdesktop":
         host_args = ["--world", "xdesktop"]
         if sandbox == "gvisor":
-            host_args += ["--rootfs", _xdesktop_root(arm.get("rootfs"))]
+            host_args += ["--rootfs", _xdesktop_root(arm.get("rootfs"), image)]
+        elif image != "base":
+            host_args += ["--image", image]
         if files is not None:
             host_args += ["--files", str(files)]
     client = {}
@@ -103,10 +110,13 @@ def files_beside(tasks: str | Path) -> Path | None:
     return path if path.is_file() else None
 
 
-def _xdesktop_root(rootfs: str | None) -> str:
-    """The X desktop's root: the arm's, or the project's build (made on first use, minutes)."""
+def _xdesktop_root(rootfs: str | None, image: str = "base") -> str:
+    """The X desktop's root: the arm's, or the project's build of `image` (made on first use,
+    minutes; the full image's about 1 GB of packages)."""
     if rootfs is not None:
         return rootfs
     from envab.envs.xdesktop.image import ensure_desktop  # only an X desktop arm needs it
 
-    return str(ensure_desktop(log=lambda m: print(f"[xdesktop] {m}", flush=True)).rootfs)
+    return str(
+        ensure_desktop(log=lambda m: print(f"[xdesktop] {m}", flush=True), image=image).rootfs
+    )

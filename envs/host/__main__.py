@@ -57,6 +57,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--rootfs", help="the X desktop's root (python -m envab.envs.xdesktop.image)")
     p.add_argument(
+        "--image",
+        choices=("base", "full"),
+        default="base",
+        help="the X desktop image a QEMU VM boots (envs/xdesktop/apps.py); a gVisor sandbox's "
+        "is --rootfs",
+    )
+    p.add_argument(
         "--files",
         help="the frozen task set's files.json: the files its tasks download are delivered from "
         "the store beside it (envs/host/files.py), never fetched",
@@ -86,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         world=args.world,
         rootfs=args.rootfs,
         files=args.files,
+        image=args.image,
     )
     app = build_app(config, host_token(args.token_file))
     if args.allow_faults:

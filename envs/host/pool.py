@@ -108,6 +108,8 @@ class HostConfig:
     rootfs: str | None = None  # the X desktop's built root (python -m envab.envs.xdesktop.image)
     # the frozen task set's files.json: the files a task downloads come from the store beside it
     files: str | None = None
+    # the X desktop image a QEMU VM boots (envs/xdesktop/apps.py); gVisor's is `rootfs`
+    image: str = "base"
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -224,7 +226,9 @@ class Pool:
         if self.config.sandbox == "qemu":
             from envab.envs.xdesktop.qemu import QemuDesktops
 
-            self.sandboxes = QemuDesktops(self.config.sandbox_dir, self.config.create_timeout_s)
+            self.sandboxes = QemuDesktops(
+                self.config.sandbox_dir, self.config.create_timeout_s, image=self.config.image
+            )
             self.sandboxes.probe()
             log.info("QEMU VMs under %s (mode restore)", self.sandboxes.workdir)
             return

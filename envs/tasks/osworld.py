@@ -22,11 +22,11 @@ A field a file leaves out takes OSWorld's meaning (no `config`: no set-up). With
 rule (`--select`, config `tasks.osworld.select`: domains, runnable only) every task loads, every
 file is copied, and the rule chooses the frozen subset: the report says, per task, whether it
 runs on each world or why not, by named reasons (`setup:chrome_open_tabs`, `getter:cache_file`,
-`metric:compare_pptx_files`, `app:libreoffice`, `file:missing`, `unsafe:...`); a task no
-verifier may score is never selected. With `--files` the files the chosen tasks download are
-frozen by content beside the set (envs/tasks/fetch.py), their URL map in the report.
-Without a rule a task that cannot be scored (or run on the `--runnable` world)
-refuses the freeze, every such task named.
+`metric:compare_pptx_files`, `app:libreoffice` (against the X desktop image `--image` names),
+`file:missing`, `noop:scores_1`, `unsafe:...`); a task no verifier may score is never selected.
+With `--files` the files the chosen tasks download are frozen by content beside the set
+(envs/tasks/fetch.py), their URL map in the report. Without a rule a task that cannot be
+scored (or run on the `--runnable` world) refuses the freeze, every such task named.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 from envab.envs.tasks import fetch
 from envab.envs.tasks.evaluators import bare_file_name, missing_named, unsafe_named
 from envab.envs.tasks.source import SourcedTask, TaskSourceError
+from envab.envs.xdesktop.apps import DEFAULT_IMAGE, IMAGES, check_image
 from envab.errors import Refusal
 from envab.hashing import sha256_bytes
 from envab.io import atomic_write_bytes, atomic_write_json, write_jsonl
@@ -323,13 +324,16 @@ def load_jsonl(path: str | Path, strict: bool = True) -> Frozen:
 
 # --- the registered rule that chooses the frozen subset -----------------------------------------
 
-RULE_KEYS = {"domains", "runnable"}
+RULE_KEYS = {"domains", "runnable", "noop"}
+NOOP_RULES = ("exclude",)
 
 
 def check_rule(rule: Any) -> dict:
     """A selection rule (config `tasks.osworld.select`): `domains`, a list of the set's domains
     to keep (absent: all); `runnable`, true to leave out, and report, every task the arms'
-    world cannot set up or score (false or absent: such a task refuses the whole freeze)."""
+    world cannot set up or score (false or absent: such a task refuses the whole freeze);
+    `noop: exclude`, to leave out every task whose untouched desktop already scores 1 (`noop`
+    in `select`)."""
     if not isinstance(rule, Mapping) or set(rule) - RULE_KEYS:
         raise TaskSourceError(f"select: a rule is an object with keys among {sorted(RULE_KEYS)}")
     doms = rule.get("domains")
@@ -339,15 +343,58 @@ def check_rule(rule: Any) -> dict:
         raise TaskSourceError("select.domains must be a non-empty list of domain names")
     if not isinstance(rule.get("runnable", False), bool):
         raise TaskSourceError("select.runnable must be true or false")
+    if "noop" in rule and rule["noop"] not in NOOP_RULES:
+        raise TaskSourceError(f"select.noop must be one of {list(NOOP_RULES)}")
     return dict(rule)
 
 
-def assess(task: SourcedTask) -> dict[str, list[tuple[str, str]]]:
+def check_noop_record(record: Any, image: str) -> dict:
+    """The no-op record (bench/noop_check.py's --out): {image, tasks: {id: {sandbox: {score,
+    valid}}}}, played on `image`; anything else is refused, so that a rule never reads a record
+    of another image or a malformed one as "nothing scored 1"."""
+    ok = isinstance(record, Mapping) and isinstance(record.get("tasks"), Mapping)
+    if not ok:
+        raise TaskSourceError("the no-op record must be {image, tasks: {id: {sandbox: {score, "
+                              "valid}}}} (bench/noop_check.py --out)")  # fmt: skip
+    if record.get("image") != image:
+        raise TaskSourceError(f"the no-op record was played on the {record.get('image')!r} "
+                              f"image, the freeze judges the {image!r} one")  # fmt: skip
+    for tid, plays in record["tasks"].items():
+        if (
+            not isinstance(plays, Mapping)
+            or not plays
+            or not all(
+                isinstance(p, Mapping) and "score" in p and isinstance(p.get("valid"), bool)
+                for p in plays.values()
+            )
+        ):
+            raise TaskSourceError(f"the no-op record's task {tid!r}: each sandbox's play must "
+                                  "be {score, valid}")  # fmt: skip
+    return dict(record)
+
+
+def noop_gaps(record: Mapping, task_id: str) -> list[tuple[str, str]]:
+    """Why the no-op record keeps `task_id` out under `noop: exclude`: its untouched desktop
+    scored 1 on a sandbox (`noop:scores_1`), its no-op could not be played or scored validly
+    (`noop:invalid`: the set-up failed there), or it was never played (`noop:unchecked`)."""
+    plays = record["tasks"].get(task_id)
+    if plays is None:
+        return [("noop:unchecked", "its no-op was not played (not in the no-op record)")]
+    gaps = []
+    for sandbox, p in sorted(plays.items()):
+        if not p["valid"] or p["score"] is None:
+            gaps.append(("noop:invalid", f"its no-op on {sandbox} was not a valid play"))
+        elif p["score"] >= 1.0:
+            gaps.append(("noop:scores_1", f"its untouched desktop scores 1 on {sandbox}"))
+    return _unique(gaps)
+
+
+def assess(task: SourcedTask, image: str = DEFAULT_IMAGE) -> dict[str, list[tuple[str, str]]]:
     """Per world in WORLDS, why `task` cannot run there (empty: it can): what no verifier may
-    score anywhere, then what the world lacks."""
+    score anywhere, then what the world lacks (the X desktop: with `image`'s applications)."""
     from envab.envs.xdesktop.evaluate import blockers  # the X desktop's routes, getters, apps
 
-    return {"xdesktop": _unique([*task.unscorable, *blockers(task.task)])}
+    return {"xdesktop": _unique([*task.unscorable, *blockers(task.task, image)])}
 
 
 def _unique(reasons: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -376,6 +423,8 @@ def select(
     rule: Mapping | None = None,
     world: str | None = None,
     files: FilesCheck | None = None,
+    image: str = DEFAULT_IMAGE,
+    noop: Mapping | None = None,
 ) -> Frozen:
     """The tasks `rule` (check_rule) chooses from `frozen`, with the per-task report.
 
@@ -392,8 +441,21 @@ def select(
     `files`, when given, freezes the files a task downloads (envs/tasks/fetch.py's Freezer) and
     says why they cannot be (`file:missing`, ...): it is asked only for a task the rule would
     otherwise choose, so nothing is fetched for a task left out anyway, and its reasons count as
-    the others do."""
+    the others do.
+
+    `image` is the X desktop image the arms play (envs/xdesktop/apps.py: `base`, or `full` with
+    OSWorld's applications): a task naming an application it lacks is `app:<name>`. Under
+    `noop: exclude` the no-op record `noop` (check_noop_record, played on that image) leaves
+    out a task whose untouched desktop scores 1 (`noop:scores_1`), or that was not played
+    (`noop:unchecked`) or not validly (`noop:invalid`); asked, as `files`, only of a task the
+    rule would otherwise choose."""
     rule = check_rule(rule or {})
+    check_image(image)
+    if rule.get("noop") == "exclude":
+        if noop is None:
+            raise TaskSourceError("select.noop: exclude needs the no-op record (--noop FILE, "
+                                  "written by bench/noop_check.py)")  # fmt: skip
+        noop = check_noop_record(noop, image)
     doms = rule.get("domains")
     present = {t.task.get("domain") or "_none" for t in frozen.tasks}
     if doms is not None and (absent := sorted(set(doms) - present)):
@@ -405,10 +467,14 @@ def select(
     counts = {w: {} for w in WORLDS}
     for t in frozen.tasks:
         domain = t.task.get("domain") or "_none"
-        worlds = assess(t)
+        worlds = assess(t, image)
         blocking = worlds[world] if world else list(t.unscorable)
         wanted = doms is None or domain in doms
         if files is not None and wanted and not blocking and (gaps := files(t)):
+            worlds = {w: [*reasons, *gaps] for w, reasons in worlds.items()}
+            blocking = [*blocking, *gaps]
+        noop_out = rule.get("noop") == "exclude" and wanted and not blocking
+        if noop_out and (gaps := noop_gaps(noop, t.task["id"])):
             worlds = {w: [*reasons, *gaps] for w, reasons in worlds.items()}
             blocking = [*blocking, *gaps]
         chosen = wanted and not blocking
@@ -445,6 +511,8 @@ def select(
         "selection": {
             "rule": rule,
             "world": world,
+            # named when not the base, so a base report keeps the bytes it had before images
+            **({"image": image} if image != DEFAULT_IMAGE else {}),
             "selected": len(kept),
             "left_out": len(frozen.tasks) - len(kept),
         },
@@ -544,6 +612,18 @@ def main(argv: list[str] | None = None) -> int:
         help="refuse a task this environment cannot set up or score (the real X desktop)",
     )
     p.add_argument(
+        "--image",
+        choices=IMAGES,
+        default=DEFAULT_IMAGE,
+        help="the X desktop image the arms play (envs/xdesktop/apps.py): a task naming an "
+        "application it lacks is app:<name> in the report",
+    )
+    p.add_argument(
+        "--noop",
+        type=Path,
+        help="the no-op record (bench/noop_check.py --out) that select.noop: exclude reads",
+    )
+    p.add_argument(
         "--select",
         type=json.loads,
         help="the registered rule choosing the frozen subset, JSON: {domains: [...], runnable: "
@@ -591,7 +671,13 @@ def main(argv: list[str] | None = None) -> int:
                                     expect=cfg.get("expect"),
                                     limits=fetch.Limits.from_config(cfg))  # fmt: skip
         files = freezer or (fetch.not_frozen if args.runnable else None)
-        frozen = select(frozen, args.select, args.runnable, files)
+        noop = None
+        if args.noop is not None:
+            try:
+                noop = json.loads(args.noop.read_bytes())
+            except json.JSONDecodeError as e:
+                raise TaskSourceError(f"{args.noop}: the no-op record is not JSON ({e})") from None
+        frozen = select(frozen, args.select, args.runnable, files, args.image, noop)
         if freezer is not None:
             frozen.files = freezer.write(t.task["id"] for t in frozen.tasks)
         if args.solutions is not None:

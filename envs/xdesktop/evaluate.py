@@ -37,7 +37,7 @@ from pathlib import Path
 
 from envab.envs.host.files import CLOUD_FILE_ROUTE
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
-from envab.envs.xdesktop import checker, cloud_files
+from envab.envs.xdesktop import apps, checker, cloud_files
 from envab.envs.xdesktop.confine import Limits
 from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
 
@@ -151,35 +151,21 @@ def _getter(config: Mapping):
     return getter
 
 
-# OSWorld's `related_apps` names (as its task files spell them) -> the application each needs.
-# This image (image.PACKAGES) has a terminal (st), mousepad and gnumeric; "os" and "terminal"
-# are the desktop itself. A name not listed here is an application this image is not known to
-# have, so a task naming it is not runnable (`app:<name>`), rather than assumed to be.
-APP_OF = {
-    **dict.fromkeys(("libreoffice_calc", "libreoffice calc", "calc", "libreoffice_writer",
-                     "libreoffice writer", "writer", "libreoffice_impress",
-                     "libreoffice impress", "impress"), "libreoffice"),
-    **dict.fromkeys(("chrome", "google chrome", "browser", "chromium"), "chrome"),
-    **dict.fromkeys(("vscode", "vs_code", "vs code"), "vscode"),
-    **{name: name for name in ("gimp", "vlc", "thunderbird")},
-    **dict.fromkeys(("os", "terminal", "st"), None),
-    **{name: name for name in ("mousepad", "gnumeric")},
-}  # fmt: skip
-APPS_HERE = frozenset({"mousepad", "gnumeric"})
+# Which applications each image has (envs/xdesktop/apps.py); the base image's, for callers that
+# name none.
+APP_OF, APPS_HERE = apps.APP_OF, apps.APPS[apps.DEFAULT_IMAGE]
 
 
-def apps_missing(task: Mapping) -> list[str]:
-    """The applications `task` names (`related_apps`) that this desktop's image does not have."""
-    apps = task.get("related_apps") or []
-    needed = {APP_OF.get(a.strip().lower(), a.strip().lower()) for a in apps if isinstance(a, str)}
-    return sorted(a for a in needed if a is not None and a not in APPS_HERE)
+def apps_missing(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[str]:
+    """The applications `task` names (`related_apps`) that the desktop's `image` lacks."""
+    return apps.apps_missing(task, image)
 
 
-def blockers(task: Mapping) -> list[tuple[str, str]]:
+def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, str]]:
     """What in `task` this desktop cannot run or score, one (reason, detail) item each: a
     set-up step it has no route for (`setup:<type>`, `postconfig:<type>`), a metric whose
     module cannot load here (`metric:<name>`), a getter it does not serve (`getter:<type>`),
-    an infeasible task (`infeasible`), an application its image lacks (`app:<name>`)."""
+    an application its `image` (apps.IMAGES) lacks (`app:<name>`)."""
     ev = task.get("evaluator") or {}
     gaps = []
     for where, name, steps in (
@@ -213,8 +199,9 @@ def blockers(task: Mapping) -> list[tuple[str, str]]:
                         "not serve",
                     )
                 )
-    for app in apps_missing(task):
-        gaps.append((f"app:{app}", f"application {app!r} (related_apps) is not in this image"))
+    for app in apps_missing(task, image):
+        gaps.append((f"app:{app}", f"application {app!r} (related_apps) is not in the {image} "
+                                   "image"))  # fmt: skip
     return gaps
 
 

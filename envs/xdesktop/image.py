@@ -1,6 +1,6 @@
 """Build the real X desktop's root file system, cached by a digest of its inputs.
 
-    python -m envab.envs.xdesktop.image [--cache build/xdesktop]
+    python -m envab.envs.xdesktop.image [--cache build/xdesktop] [--image base|full]
 
 debootstrap (Debian bookworm, minbase) with an X server (Xvfb), a window manager (openbox), real
 applications (the Mousepad text editor, the st terminal, the Gnumeric spreadsheet), the tools
@@ -16,6 +16,15 @@ Two stages under the cache folder: `base/<digest>` (debootstrap and wheels; keye
 the package list, the wheels, which application opens what, and RECIPE) and `image.json` beside
 it (the base plus the server; keyed by the base digest and the sha256 of the server and its
 systemd unit), whose digest names the image in receipts.
+
+Two images (envs/xdesktop/apps.py says which applications each has). `base`, above, is the one
+CI builds and the default everywhere. `full` is built on request only (`--image full`, or an
+arm's `image: full`): the base's folder copied and the applications OSWorld's domains need
+installed into it by apt inside a chroot (FULL_PACKAGES: LibreOffice Calc, Writer and Impress,
+Chromium with OSWorld's `google-chrome` name and a remote debugging port, GIMP, VLC,
+Thunderbird; about 1 GB to download), cached under `full/<digest>` by a digest of the base's
+digest, the package list and the files it writes, then finished with the same server stage.
+Its record lists every package's version, as the base's does.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from envab.envs.qemu.image import (
     _unmount_under,
 )
 from envab.envs.qemu.tools import require
+from envab.envs.xdesktop.apps import APPS, DEFAULT_IMAGE, check_image
 from envab.errors import Refusal, refused
 from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
@@ -110,6 +120,55 @@ MIMEAPPS = """[Default Applications]
 text/plain=org.xfce.mousepad.desktop
 application/vnd.openxmlformats-officedocument.spreadsheetml.sheet=gnumeric.desktop
 """
+# The full image's applications (apps.APPS["full"]), from Debian's archive, no recommends: each
+# package's own dependencies only, so the image holds what the list names and no more.
+FULL_PACKAGES = (
+    "libreoffice-calc",
+    "libreoffice-writer",
+    "libreoffice-impress",
+    "libreoffice-gtk3",  # the GTK look OSWorld's Ubuntu machine has, rather than bare X11 widgets
+    "libreoffice-style-colibre",  # an icon theme: without one the toolbars are blank
+    "chromium",
+    "socat",  # OSWorld's Chrome tasks forward the debugging port with it at set-up
+    "gimp",
+    "vlc",
+    "thunderbird",
+    "fonts-liberation2",  # metric-compatible with the fonts office files name
+    "curl",  # a scripted check asks Chromium's debugging port what it shows
+)
+FULL_RECIPE = 1
+# OSWorld's tasks launch `google-chrome --remote-debugging-port=1337`; Debian has Chromium. Its
+# sandbox needs user namespaces a gVisor sandbox's root does not hand a process, and Chromium
+# refuses to run as root without --no-sandbox; the environment itself is the sandbox. A launch
+# that names no debugging port gets OSWorld's (1337), where its Chrome getters look.
+CHROME = """#!/bin/sh
+case " $* " in
+  *" --remote-debugging-port="*) port= ;;
+  *) port=--remote-debugging-port=1337 ;;
+esac
+exec /usr/bin/chromium --no-sandbox --no-first-run --no-default-browser-check \
+  --password-store=basic --disable-dev-shm-usage --disable-gpu $port "$@"
+"""
+# Which application opens what in the full image: office files in LibreOffice, as on OSWorld's
+# machine (so the base image's Gnumeric task opens its .xlsx in Calc here), pages in Chromium,
+# pictures in GIMP, media in VLC.
+FULL_MIMEAPPS = """[Default Applications]
+text/plain=org.xfce.mousepad.desktop
+application/vnd.openxmlformats-officedocument.spreadsheetml.sheet=libreoffice-calc.desktop
+application/vnd.oasis.opendocument.spreadsheet=libreoffice-calc.desktop
+text/csv=libreoffice-calc.desktop
+application/vnd.openxmlformats-officedocument.wordprocessingml.document=libreoffice-writer.desktop
+application/vnd.oasis.opendocument.text=libreoffice-writer.desktop
+application/vnd.openxmlformats-officedocument.presentationml.presentation=libreoffice-impress.desktop
+application/vnd.oasis.opendocument.presentation=libreoffice-impress.desktop
+text/html=chromium.desktop
+image/png=gimp.desktop
+image/jpeg=gimp.desktop
+audio/x-wav=vlc.desktop
+audio/mpeg=vlc.desktop
+video/mp4=vlc.desktop
+"""
+POLICY_RC = "#!/bin/sh\nexit 101\n"  # no service starts while apt installs into the chroot
 
 
 @dataclass(frozen=True)
@@ -117,6 +176,7 @@ class Built:
     digest: str
     rootfs: Path
     record: dict
+    image: str = DEFAULT_IMAGE
 
 
 def base_inputs() -> dict:
@@ -130,6 +190,63 @@ def base_inputs() -> dict:
         "fstab": FSTAB,
         "mimeapps": MIMEAPPS,
     }
+
+
+def full_inputs(base_digest: str) -> dict:
+    return {
+        "recipe": FULL_RECIPE,
+        "base": base_digest,
+        "packages": sorted(FULL_PACKAGES),
+        "chrome": CHROME,
+        "mimeapps": FULL_MIMEAPPS,
+    }
+
+
+def build_full(cache: Path, base: Path, rootfs: Path) -> dict:
+    """The base's folder copied to `rootfs`, FULL_PACKAGES installed into it by apt in a chroot
+    (the .debs kept under `cache/debs-full` for a rebuild), then cleaned as the base is."""
+    if rootfs.exists():
+        _unmount_under(rootfs)
+        shutil.rmtree(rootfs)
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    _run(["cp", "-a", "--reflink=auto", str(base), str(rootfs)], "copy the base image")
+    debs = (cache / "debs-full").resolve()
+    debs.mkdir(parents=True, exist_ok=True)
+    archives = rootfs / "var/cache/apt/archives"
+    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    resolv = rootfs / "etc/resolv.conf"
+    kept_resolv = resolv.read_bytes() if resolv.is_file() and not resolv.is_symlink() else None
+    policy = rootfs / "usr/sbin/policy-rc.d"
+    try:
+        resolv.unlink(missing_ok=True)
+        shutil.copyfile("/etc/resolv.conf", resolv)  # apt in the chroot resolves the mirror
+        policy.write_text(POLICY_RC)
+        policy.chmod(0o755)
+        (rootfs / "etc/apt/sources.list").write_text(f"deb {MIRROR} {SUITE} main\n")
+        _run(["mount", "-t", "proc", "proc", str(rootfs / "proc")], "mount /proc in the chroot")
+        _run(["mount", "--bind", str(debs), str(archives)], "mount the .deb cache")
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+               "LANG": "C.UTF-8", "HOME": "/root"}  # fmt: skip
+        _run(["chroot", str(rootfs), "apt-get", "update", "-q"], "apt-get update", env=env)
+        _run(["chroot", str(rootfs), "apt-get", "install", "-q", "-y", "--no-install-recommends",
+              *FULL_PACKAGES], "apt-get install the full image's applications",
+             env=env)  # fmt: skip
+    finally:
+        _unmount_under(rootfs)
+        policy.unlink(missing_ok=True)
+        resolv.unlink(missing_ok=True)
+        if kept_resolv is not None:
+            resolv.write_bytes(kept_resolv)
+    chrome = rootfs / "usr/local/bin/google-chrome"
+    chrome.parent.mkdir(parents=True, exist_ok=True)
+    chrome.write_text(CHROME)
+    chrome.chmod(0o755)
+    (rootfs / "usr/share/applications/mimeapps.list").write_text(FULL_MIMEAPPS)
+    for cache_dir in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc",
+                      "usr/share/man"):  # fmt: skip
+        shutil.rmtree(rootfs / cache_dir, ignore_errors=True)
+        (rootfs / cache_dir).mkdir(parents=True, exist_ok=True)
+    return {"dpkg": _dpkg_versions(rootfs)}
 
 
 def _wheels(folder: Path) -> list[Path]:
@@ -182,8 +299,12 @@ def build_base(cache: Path, rootfs: Path) -> dict:
     }
 
 
-def ensure_desktop(cache: Path = REPO / "build" / "xdesktop", log=print) -> Built:
-    """The X desktop's root file system, building whatever is not cached; one builder at a time."""
+def ensure_desktop(
+    cache: Path = REPO / "build" / "xdesktop", log=print, image: str = DEFAULT_IMAGE
+) -> Built:
+    """The X desktop's root file system (`image`: apps.IMAGES), building whatever is not cached;
+    one builder at a time. The full image is built only when asked for by name."""
+    check_image(image)
     cache = cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as lock:
@@ -203,25 +324,48 @@ def ensure_desktop(cache: Path = REPO / "build" / "xdesktop", log=print) -> Buil
             built["build_s"] = round(time.monotonic() - t0, 1)
             record = {"digest": base_digest, "inputs": base_inputs(), **built}
             atomic_write_json(base_record, record)
-        files = {
-            "server": {"path": "opt/envab/xdesktop/server.py", "sha256": sha256_file(SERVER)},
-            "unit": {"path": f"etc/systemd/system/{UNIT.name}", "sha256": sha256_file(UNIT)},
-            "gtk": {"path": "etc/gtk-3.0/settings.ini", "sha256": sha256_json(GTK_SETTINGS)},
-        }
-        digest = sha256_json({"base": base_digest, **files})
-        record_path = base_dir / "image.json"
-        if not record_path.is_file() or _load(record_path).get("digest") != digest:
-            for name, source in (("server", SERVER), ("unit", UNIT)):
-                target = rootfs / files[name]["path"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)
-            (rootfs / files["gtk"]["path"]).write_text(GTK_SETTINGS)
-            wants = rootfs / "etc/systemd/system/multi-user.target.wants" / UNIT.name
-            wants.parent.mkdir(parents=True, exist_ok=True)
-            wants.unlink(missing_ok=True)
-            wants.symlink_to(f"/etc/systemd/system/{UNIT.name}")
-            atomic_write_json(record_path, {"digest": digest, "base": base_digest, **files})
-        return Built(digest, rootfs, _load(record_path))
+        if image == "full":
+            inputs = full_inputs(base_digest)
+            full_digest = sha256_json(inputs)
+            full_dir = cache / "full" / full_digest[:16]
+            full_record = full_dir / "full.json"
+            if not full_record.is_file():
+                log(f"X desktop full image {full_digest[:16]}: apt-get install of "
+                    f"{len(FULL_PACKAGES)} packages into a copy of the base (minutes)")  # fmt: skip
+                t0 = time.monotonic()
+                built = build_full(cache, rootfs, full_dir / "rootfs")
+                built["build_s"] = round(time.monotonic() - t0, 1)
+                atomic_write_json(full_record, {"digest": full_digest, "inputs": inputs, **built})
+            base_dir, base_digest, rootfs = full_dir, full_digest, full_dir / "rootfs"
+        digest, record = _finish(base_dir, base_digest, rootfs, image)
+        return Built(digest, rootfs, record, image)
+
+
+def _finish(folder: Path, under: str, rootfs: Path, image: str) -> tuple[str, dict]:
+    """The server stage on top of a built folder (the base or the full image's): the server, its
+    systemd unit and GTK's settings, keyed by `under` (that folder's digest) and their sha256."""
+    files = {
+        "server": {"path": "opt/envab/xdesktop/server.py", "sha256": sha256_file(SERVER)},
+        "unit": {"path": f"etc/systemd/system/{UNIT.name}", "sha256": sha256_file(UNIT)},
+        "gtk": {"path": "etc/gtk-3.0/settings.ini", "sha256": sha256_json(GTK_SETTINGS)},
+    }
+    # the base image's digest is what it was before images had names: receipts keep their value
+    named = {} if image == DEFAULT_IMAGE else {"image": image}
+    digest = sha256_json({"base": under, **named, **files})
+    record_path = folder / "image.json"
+    if not record_path.is_file() or _load(record_path).get("digest") != digest:
+        for name, source in (("server", SERVER), ("unit", UNIT)):
+            target = rootfs / files[name]["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        (rootfs / files["gtk"]["path"]).write_text(GTK_SETTINGS)
+        wants = rootfs / "etc/systemd/system/multi-user.target.wants" / UNIT.name
+        wants.parent.mkdir(parents=True, exist_ok=True)
+        wants.unlink(missing_ok=True)
+        wants.symlink_to(f"/etc/systemd/system/{UNIT.name}")
+        atomic_write_json(record_path, {"digest": digest, "base": under, **named, **files,
+                                        "apps": sorted(APPS[image])})  # fmt: skip
+    return digest, _load(record_path)
 
 
 def _load(path: Path) -> dict:
@@ -231,9 +375,13 @@ def _load(path: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
+    p.add_argument("--image", choices=sorted(APPS), default=DEFAULT_IMAGE,
+                   help="base (the default, what CI builds) or full (OSWorld's applications, "
+                   "about 1 GB of packages: on request only)")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
+        built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True),
+                               image=args.image)  # fmt: skip
     except (Refusal, BuildError, subprocess.SubprocessError) as e:
         return refused(e, prefix="envab.envs.xdesktop.image", code=1)
     print(f"{built.digest[:16]} {built.rootfs}")

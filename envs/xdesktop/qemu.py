@@ -2,7 +2,7 @@
 (envs/xdesktop/image.py), as an ext4 disk with its own kernel, where systemd starts the same
 in-environment server on a virtio-serial port. Both arms run the same files.
 
-    python -m envab.envs.xdesktop.qemu [--size 1024x768] [--cache build/xdesktop]
+    python -m envab.envs.xdesktop.qemu [--size 1024x768] [--cache build/xdesktop] [--image full]
 
 Two stages, cached beside the image by digest:
   disk  root.qcow2 (read-only, shared by every VM), vmlinuz and initrd.img, made from the image's
@@ -39,12 +39,15 @@ from envab.envs.qemu.accel import choose
 from envab.envs.qemu.image import BuildError, make_disk, qemu_version
 from envab.envs.qemu.tools import require
 from envab.envs.qemu.vm import VM, VMDied, VMSpec
+from envab.envs.xdesktop.apps import DEFAULT_IMAGE
 from envab.envs.xdesktop.image import REPO, ensure_desktop
 from envab.errors import Refusal, refused
 from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
 
 MEMORY_MIB = 1024  # X, a GTK editor and the server's Python, with room for the page cache
+# The full image's applications (LibreOffice, Chromium, GIMP) each take hundreds of MiB more.
+IMAGE_MEMORY_MIB = {"base": MEMORY_MIB, "full": 2048}
 BOOT_TIMEOUT_S = 900.0  # a first boot under TCG, X and its fonts included
 
 
@@ -80,15 +83,17 @@ def _spec(disk: Path, memory_mib: int, accel: str) -> VMSpec:
 def ensure_guest(
     size: tuple[int, int],
     cache: Path = REPO / "build" / "xdesktop",
-    memory_mib: int = MEMORY_MIB,
+    memory_mib: int | None = None,
     accel: str = "auto",
     log=print,
+    image: str = DEFAULT_IMAGE,
 ) -> Guest:
-    """The warm snapshot of the X desktop at `size`, building the image, the disk and the
-    snapshot where they are not cached."""
+    """The warm snapshot of the X desktop (`image`: base or full) at `size`, building the
+    image, the disk and the snapshot where they are not cached."""
     for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4"):
         require(tool)
-    image = ensure_desktop(cache, log)
+    memory_mib = memory_mib or IMAGE_MEMORY_MIB[image]
+    image = ensure_desktop(cache, log, image=image)
     cache = cache.resolve()
     disk_digest = sha256_json({"image": image.digest, "builder": sha256_file(Path(__file__))})
     disk = cache / "qemu" / disk_digest[:16]
@@ -200,7 +205,14 @@ class QemuDesktops:
     """The host's QEMU VMs of the X desktop: the sandbox provider for `sandbox: qemu` (the
     same calls as envs/host/gvisor.py's `Gvisor`, restore mode only)."""
 
-    def __init__(self, workdir: str | Path | None, timeout_s: float, cache: Path | None = None):
+    def __init__(
+        self,
+        workdir: str | Path | None,
+        timeout_s: float,
+        cache: Path | None = None,
+        image: str = DEFAULT_IMAGE,
+    ):
+        self.image = image  # which X desktop image the VMs boot (envs/xdesktop/apps.py)
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or scratch.make("envab-qemu-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +233,9 @@ class QemuDesktops:
         server prepares its display while the snapshot is made, so `prepare` is not called."""
         with self._lock:
             if key not in self._guests:
-                self._guests[key] = ensure_guest(tuple(key[1]), self.cache, log=lambda m: None)
+                self._guests[key] = ensure_guest(
+                    tuple(key[1]), self.cache, log=lambda m: None, image=self.image
+                )
             return str(self._guests[key].warm)
 
     def restore(self, image: str, n: int) -> list[tuple[GuestVM, dict]]:
@@ -287,13 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="1024x768", help="the screen, WxH")
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
-    p.add_argument("--memory", type=int, default=MEMORY_MIB)
+    p.add_argument("--memory", type=int, help="MiB (default: the image's, IMAGE_MEMORY_MIB)")
     p.add_argument("--accel", default="auto", choices=("auto", "kvm", "tcg"))
+    p.add_argument("--image", choices=sorted(IMAGE_MEMORY_MIB), default=DEFAULT_IMAGE)
     args = p.parse_args(argv)
     size = tuple(int(v) for v in args.size.split("x"))
     try:
         guest = ensure_guest(size, args.cache, args.memory, args.accel,
-                             log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+                             log=lambda m: print(m, file=sys.stderr, flush=True),
+                             image=args.image)  # fmt: skip
     except (Refusal, BuildError, subprocess.SubprocessError, OSError) as e:
         return refused(e, prefix="envab.envs.xdesktop.qemu", code=1)
     print(f"{guest.digest[:16]} {guest.warm}")
