@@ -4,7 +4,10 @@ on the fork host's gVisor sandboxes, the QEMU arm's VMs (the same files), or bot
 
     python bench/real_tasks.py [--sandbox gvisor|qemu|both] [--tasks envs/xdesktop/tasks]
                                [--task ID ...] [--cache build/xdesktop] [--screens DIR]
-                               [--out FILE.json]
+                               [--out FILE.json] [--image base|full]
+
+`--image full` plays on the full image (built on request, about 1 GB of packages) its own tasks,
+`--tasks envs/xdesktop/tasks_full` (LibreOffice, Chromium, GIMP, VLC, Thunderbird).
 
 With `both`, every play runs on each arm and the two arms' screens are compared pixel for pixel,
 after the set-up and after the last action: identical, or how many pixels differ and where.
@@ -127,6 +130,7 @@ def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], di
     gvisor = sandbox == "gvisor"  # QEMU boots the disk it makes from the same folder
     pool = Pool(HostConfig(mode="fork" if gvisor else "restore", sandbox=sandbox,
                            world="xdesktop", rootfs=str(built.rootfs) if gvisor else None,
+                           image=built.image,
                            step_timeout_s=60, create_timeout_s=600))  # fmt: skip
     t0 = time.perf_counter()
     pool.start()
@@ -155,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--screens", type=Path)
     p.add_argument("--fork", type=int, default=4, help="children per measured fork (0: none)")
     p.add_argument("--out", type=Path)
+    p.add_argument("--image", choices=("base", "full"), default="base")
     args = p.parse_args(argv)
-    built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True))
+    built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True),
+                           image=args.image)  # fmt: skip
     tasks, solutions = load_tasks(args.tasks)
     if args.task:
         unknown = set(args.task) - {t["id"] for t in tasks}
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         forks.update(arm_forks)
     wrong = sum(r["score"] != r["must"] for r in rows)
     lines = [
-        f"X desktop {built.digest[:16]}; "
+        f"X desktop {built.image} {built.digest[:16]}; "
         + ", ".join(
             f"{arm}: {sum(r['arm'] == arm for r in rows)} plays in {took[arm]:.0f} s"
             for arm in arms
