@@ -406,6 +406,11 @@ def _unique(reasons: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
+def _names(reasons: list[tuple[str, str]]) -> list[str]:
+    """The reasons' names, each once (a task whose files are missing has one reason a URL)."""
+    return list(dict.fromkeys(name for name, _ in reasons))
+
+
 class Unselectable(TaskSourceError):
     """Tasks the rule keeps that cannot be scored (or run on the arms' world): `lines`, one a
     task, each with its file and reasons."""
@@ -486,13 +491,13 @@ def select(
             row = runnable[w].setdefault(domain, {"runnable": 0, "total": 0})
             row["total"] += 1
             row["runnable"] += not reasons
-            for name, _ in reasons:
+            for name in _names(reasons):  # a task counts once under each reason
                 counts[w][name] = counts[w].get(name, 0) + 1
         per_task[f"{domain}/{t.task.get('source_id', t.task['id'])}"] = {  # OSWorld's name
             "domain": domain,
             "id": t.task["id"],  # its id in the frozen set
             "runnable": {w: not reasons for w, reasons in worlds.items()},
-            "reasons": {w: [name for name, _ in reasons] for w, reasons in worlds.items()},
+            "reasons": {w: _names(reasons) for w, reasons in worlds.items()},
             "selected": chosen,
         }
     if bad:
