@@ -136,8 +136,17 @@ FULL_PACKAGES = (
     "thunderbird",
     "fonts-liberation2",  # metric-compatible with the fonts office files name
     "curl",  # a scripted check asks Chromium's debugging port what it shows
+    # What OSWorld's set-up steps take for granted on its Ubuntu machine (its os tasks, measured
+    # by the no-op check: docs/results/2026-12-03-full-image-and-noop.md): `python`, `sudo`,
+    # `gsettings` with GNOME's schemas and the dconf backend, and xsetroot for a background.
+    "python-is-python3",
+    "sudo",
+    "libglib2.0-bin",
+    "gsettings-desktop-schemas",
+    "dconf-gsettings-backend",
+    "x11-xserver-utils",
 )
-FULL_RECIPE = 1
+FULL_RECIPE = 2  # 2: what OSWorld's set-ups take for granted (packages, /home/user, background)
 # OSWorld's tasks launch `google-chrome --remote-debugging-port=1337`; Debian has Chromium. Its
 # sandbox needs user namespaces a gVisor sandbox's root does not hand a process, and Chromium
 # refuses to run as root without --no-sandbox; the environment itself is the sandbox. A launch
@@ -183,6 +192,17 @@ LIBREOFFICE_DEFAULTS = """<?xml version="1.0" encoding="UTF-8"?>
  </oor:component-data>
 </oor:data>
 """
+# OSWorld's machine has a user `user` whose home is /home/user, which its tasks name; here the
+# environment's user is root, its home /root (a tmpfs in a sandbox, written at set-up), so
+# /home/user is that home under OSWorld's name.
+HOME_LINK = ("home/user", "/root")
+# A desktop with no window open is one colour, which the host's gate takes for a dead screen
+# (screen_not_blank), and OSWorld's machine shows a wallpaper there: a fixed grid on the root
+# window, drawn whenever openbox starts (or is told to reconfigure, after a restore).
+OPENBOX = """#!/bin/sh
+xsetroot -mod 16 16 -fg '#3c6e9b' -bg '#2f5a80' 2>/dev/null
+exec /usr/bin/openbox "$@"
+"""
 POLICY_RC = "#!/bin/sh\nexit 101\n"  # no service starts while apt installs into the chroot
 
 
@@ -216,6 +236,8 @@ def full_inputs(base_digest: str) -> dict:
         "mimeapps": FULL_MIMEAPPS,
         "libreoffice": LIBREOFFICE_DEFAULTS,
         "vlc_as_root": True,
+        "home_link": list(HOME_LINK),
+        "openbox": OPENBOX,
     }
 
 
@@ -261,7 +283,15 @@ def build_full(cache: Path, base: Path, rootfs: Path) -> dict:
     chrome.write_text(CHROME)
     chrome.chmod(0o755)
     (rootfs / "usr/share/applications/mimeapps.list").write_text(FULL_MIMEAPPS)
-    (rootfs / "usr/lib/libreoffice/share/registry/envab.xcd").write_text(LIBREOFFICE_DEFAULTS)
+    openbox = rootfs / "usr/local/bin/openbox"  # before /usr/bin on the server's PATH
+    openbox.write_text(OPENBOX)
+    openbox.chmod(0o755)
+    home = rootfs / HOME_LINK[0]
+    home.parent.mkdir(parents=True, exist_ok=True)
+    home.unlink(missing_ok=True)
+    home.symlink_to(HOME_LINK[1])
+    # Debian reads LibreOffice's configuration from /etc/libreoffice/registry, beside main.xcd
+    (rootfs / "etc/libreoffice/registry/envab.xcd").write_text(LIBREOFFICE_DEFAULTS)
     vlc = _vlc_as_root(rootfs / "usr/bin/vlc")
     for cache_dir in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc",
                       "usr/share/man"):  # fmt: skip
