@@ -30,7 +30,10 @@ control's false failure, or false pass, rate at most alpha, alpha being the prim
 - same: the curve test over seeds x held-out tasks does not say "differ", and the A/A's reward
   disagreement is not higher than its base arm's. With one seed per arm the curve test makes no
   claim: "not powered", not a pass.
-- slower: the same two checks, and the added wall-clock recovered on every seed.
+- slower: the same two checks, and the added wall-clock over seeds (`added_time_test`: the
+  residuals against the prediction t-tested, a slowdown seen at all), each at alpha / 3. A run
+  that is not a replay takes its own path, so one seed's added time is not the delay's alone:
+  with one seed, "not powered".
 - differ: the corrupted arm's reward disagreement (same task, same actions, another reward) is
   higher than its base arm's, or the curve test says "differ" where it has power POWERED at the
   curve gap the registered flip_rewards predicts (`_curve_power`, the arithmetic shown): "as
@@ -61,6 +64,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+import numpy as np
+from scipy import stats
 
 from envab import preregistration
 from envab.analysis.curve_difference import cluster_curve_test, detectable_gap, power_at
@@ -202,9 +208,9 @@ def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords
         ).to_dict()
     except ValueError as e:
         curves = {"verdict": "not computed", "reason": str(e)}
-    # Two checks can fail an A/A or a handicap by chance, and two can pass a corruption: each
-    # at alpha / 2 (module docstring).
-    level = alpha if control.expect == "eval_differs" else alpha / 2
+    # Two checks can fail an A/A by chance (three a handicap: its added time too), and two can
+    # pass a corruption: each at alpha / 2 (alpha / 3) (module docstring).
+    level = {"eval_differs": alpha, "slower": alpha / 3}.get(control.expect, alpha / 2)
     try:
         curve_test = cluster_curve_test(
             _curve_inputs(mine, seeds), _curve_inputs(base, seeds), level
@@ -227,11 +233,54 @@ def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords
         rewards["power"] = flip_power(pooled_control, pooled_base, control.flip_rewards, level)
         rewards["powered_at"] = POWERED
     evidence = {"seeds": per_seed, "curves": curves, "curve_test": curve_test, "rewards": rewards}
+    if control.expect == "slower":
+        evidence["time_test"] = added_time_test([s["timing"] for s in per_seed], level)
     if control.expect == "eval_differs":
         evidence["evaluation"] = _evaluation_check(
             control, [mine[s] for s in seeds], [base[s] for s in seeds], alpha
         )
     return evidence
+
+
+def added_time_test(timings: list[dict], alpha: float) -> dict:
+    """A handicap's added wall-clock without bit-determinism. Its run is not a replay of the
+    base's: it takes its own path (other actions, turns, screens), so one seed's added time mixes
+    the registered delay with that path's own time, and a per-seed tolerance fails or passes by
+    chance. Over seeds the path's part averages out: the residuals (added minus predicted) are
+    t-tested against 0 (two-sided: "differs from predicted"), and the added times against 0
+    (one-sided: a slowdown must be seen at all, or the test is "not powered"). One seed: no
+    replication, "not powered"."""
+    rows = [t for t in timings if "predicted_added_s" in t]
+    if len(rows) < 2:
+        return {
+            "verdict": "not powered",
+            "seeds": len(rows),
+            "alpha": alpha,
+            "reason": "one seed: a run that is not a replay adds its own path's time to the delay",
+        }
+    added = np.array([t["added_s"] for t in rows], dtype=float)
+    residual = added - np.array([t["predicted_added_s"] for t in rows], dtype=float)
+
+    def p_of(x: np.ndarray, alternative: str) -> float:
+        if np.ptp(x) == 0:  # no spread: the sign of the mean decides
+            mean = float(x.mean())
+            return 1.0 if mean == 0 or (alternative == "greater" and mean < 0) else 0.0
+        return float(stats.ttest_1samp(x, 0.0, alternative=alternative).pvalue)
+
+    p_residual, p_slower = p_of(residual, "two-sided"), p_of(added, "greater")
+    out = {
+        "seeds": len(rows),
+        "alpha": alpha,
+        "mean_added_s": float(added.mean()),
+        "mean_residual_s": float(residual.mean()),
+        "p_residual": p_residual,
+        "p_slower": p_slower,
+    }
+    if p_residual <= alpha:
+        return {**out, "verdict": "differs from predicted"}
+    if p_slower > alpha:
+        return {**out, "verdict": "not powered", "reason": "no slowdown seen over the seeds"}
+    return {**out, "verdict": "recovered"}
 
 
 def _curve_power(curve_test: dict, base_curves: dict, flip: float, alpha: float) -> dict:
@@ -381,9 +430,15 @@ def _nondeterministic_verdict(control: Control, evidence: dict) -> tuple[str, li
     if p is not None and p <= rewards["alpha"]:
         failed.append(f"excess reward disagreement ({counts} <= {rewards['alpha']:g})")
     if control.expect == "slower":
-        missed = [s["seed"] for s in evidence["seeds"] if s["timing"].get("verdict") != "recovered"]
-        if missed:
-            failed.append(f"added time not recovered on seed(s) {missed}")
+        time = evidence["time_test"]
+        if time["verdict"] == "differs from predicted":
+            failed.append(
+                f"added time differs from predicted over {time['seeds']} seeds (mean residual "
+                f"{time['mean_residual_s']:+.1f} s, t p {_fmt_p(time['p_residual'])} <= "
+                f"{time['alpha']:.3g})"
+            )
+        elif time["verdict"] == "not powered":
+            unpowered.append(f"added time: {time['reason']}")
     if failed:
         return "NOT as expected", failed
     return ("not powered", unpowered) if unpowered else ("as expected", [])
