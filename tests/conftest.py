@@ -142,7 +142,15 @@ def frozen(frozen_once, tmp_path, make_workflow) -> Workflow:
 # tests), and a long file handed out last leaves the others idle while one finishes it. Three
 # workers on two cores: much of each long file is waiting (a Snakemake job starting, a guest
 # booting, a package downloading), which a third worker fills. The rest keep their order.
-FIRST = ("test_answer.py", "test_xdesktop.py", "test_train.py", "test_agent.py", "test_ranks.py")
+FIRST = (
+    "test_answer.py",
+    "test_xdesktop.py",
+    "test_train.py",
+    "test_eval_corruption_run.py",
+    "test_multiturn_xdesktop.py",
+    "test_agent.py",
+    "test_ranks.py",
+)
 
 
 # The two tiers (docs/reference/tests.md). The fast tier, `pytest -m "not integration"`, is the
@@ -164,11 +172,13 @@ INTEGRATION_FILES = {
     "test_host.py",
     "test_machine_load.py",
     "test_model.py",
+    "test_multiturn_xdesktop.py",
     "test_outcome.py",
     "test_placement.py",
     "test_profiles.py",
     "test_progress.py",
     "test_qemu.py",
+    "test_runc.py",  # an OCI container per environment
     "test_scratch.py",
     "test_setup.py",
     "test_templated.py",
