@@ -66,20 +66,29 @@ class SandboxUnavailable(Refusal, RuntimeError):
     """gVisor cannot run here; the message says why and what to do."""
 
 
+def container_runtime_problem(tool: str, why_root: str) -> str | None:
+    """Why an OCI runtime cannot run a sandbox here (missing, or not root), or None."""
+    if shutil.which(tool) is None:
+        return f"{tool} not found: install Debian's {tool} (apt-get install {tool})"
+    if os.geteuid() != 0:
+        return f"{tool} needs root here ({why_root}); run as root"
+    return None
+
+
+def runtime_version(tool: str) -> str:
+    """The first line of an OCI runtime's `--version`."""
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+
+
 def gvisor_problem(runsc: str | None = None) -> str | None:
     """Why gVisor sandboxes cannot run on this machine, or None when they can."""
-    runsc = runsc or RUNSC
-    if shutil.which(runsc) is None:
-        return f"{runsc} not found: install Debian's runsc (apt-get install runsc)"
-    if os.geteuid() != 0:
-        return f"{runsc} needs root here (rootless gVisor needs --network=host); run as root"
-    return None
+    return container_runtime_problem(runsc or RUNSC, "rootless gVisor needs --network=host")
 
 
 @cache
 def runsc_version() -> str:
-    out = subprocess.run([RUNSC, "--version"], capture_output=True, text=True, check=False)
-    return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+    return runtime_version(RUNSC)
 
 
 def _package_dirs() -> list[str]:

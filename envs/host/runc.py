@@ -17,7 +17,6 @@ cgroups in hybrid mode (v1 controllers beside a v2 tree), as this one does; runc
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from functools import cache
 from pathlib import Path
@@ -28,6 +27,8 @@ from envab.envs.host.gvisor import (
     Gvisor,
     Sandbox,
     SandboxUnavailable,
+    container_runtime_problem,
+    runtime_version,
 )
 
 RUNC = "runc"
@@ -35,19 +36,12 @@ RUNC = "runc"
 
 def runc_problem() -> str | None:
     """Why runc containers cannot run on this machine, or None when they can."""
-    import os
-
-    if shutil.which(RUNC) is None:
-        return f"{RUNC} not found: install Debian's runc (apt-get install runc)"
-    if os.geteuid() != 0:
-        return f"{RUNC} needs root here (its bundle sets cgroup limits); run as root"
-    return None
+    return container_runtime_problem(RUNC, "its bundle sets cgroup limits")
 
 
 @cache
 def runc_version() -> str:
-    out = subprocess.run([RUNC, "--version"], capture_output=True, text=True, check=False)
-    return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+    return runtime_version(RUNC)
 
 
 class Container(Sandbox):
