@@ -137,7 +137,9 @@ def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], di
     rows = []
     try:
         for task in tasks:
-            for name, actions, must in plays(solutions[task["id"]]):
+            for name, actions, must in plays(solutions[task["id"]])[
+                : 1 if args.oracle_only else None
+            ]:
                 r = play(pool, task, actions, args.screens and args.screens / sandbox, name)
                 rows.append({"arm": sandbox, "task": task["id"], "play": name, "must": must, **r})
                 print(f"{sandbox} {task['id']} {name}: {r['score']} ({r['verdict']})",
@@ -160,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fork", type=int, default=4, help="children per measured fork (0: none)")
     p.add_argument("--out", type=Path)
     p.add_argument("--image", choices=("base", "full"), default="base")
+    p.add_argument(
+        "--oracle-only",
+        action="store_true",
+        help="play each task's oracle only (an application that starts in minutes)",
+    )
     args = p.parse_args(argv)
     built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True),
                            image=args.image)  # fmt: skip
