@@ -6,7 +6,7 @@ on the fork host's gVisor sandboxes, the QEMU arm's VMs (the same files), or bot
                                [--task ID ...] [--cache build/xdesktop] [--screens DIR]
                                [--out FILE.json] [--image base|full]
 
-`--image full` plays on the full image (built on request, about 1 GB of packages) its own tasks,
+`--image full` plays on the full image (built on request, about 400 MB of packages) its own tasks,
 `--tasks envs/xdesktop/tasks_full` (LibreOffice, Chromium, GIMP, VLC, Thunderbird).
 
 With `both`, every play runs on each arm and the two arms' screens are compared pixel for pixel,

@@ -112,7 +112,7 @@ def files_beside(tasks: str | Path) -> Path | None:
 
 def _xdesktop_root(rootfs: str | None, image: str = "base") -> str:
     """The X desktop's root: the arm's, or the project's build of `image` (made on first use,
-    minutes; the full image's about 1 GB of packages)."""
+    minutes; the full image's about 400 MB of packages)."""
     if rootfs is not None:
         return rootfs
     from envab.envs.xdesktop.image import ensure_desktop  # only an X desktop arm needs it

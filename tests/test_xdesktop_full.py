@@ -1,7 +1,7 @@
 """The full X desktop image (LibreOffice, Chromium, GIMP, VLC, Thunderbird) on the fork host's
 gVisor sandboxes: each of its own tasks (envs/xdesktop/tasks_full, one per application) set up,
 its oracle scoring 1 and its no-op 0 by the task's own evaluator. The image is built on request
-only (about 1 GB of Debian packages), never by a test: without it these skip, saying how to build
+only (about 400 MB of Debian packages), never by a test: without it these skip, saying how to build
 it. Every task on both sandboxes, near misses and screens compared:
 `python bench/real_tasks.py --image full --tasks envs/xdesktop/tasks_full --sandbox both`."""
 
@@ -36,7 +36,7 @@ def _why_not() -> str | None:
     if gvisor_problem():
         return f"gVisor sandbox: {gvisor_problem()}"
     if not cached(CACHE, "full"):
-        return ("the full X desktop image is not built (on request only, about 1 GB of Debian "
+        return ("the full X desktop image is not built (on request only, about 400 MB of Debian "
                 "packages): python -m envab.envs.xdesktop.image --image full")  # fmt: skip
     return None
 

@@ -158,6 +158,6 @@ def test_the_full_image_is_keyed_by_the_base_and_its_packages_and_never_the_defa
     base = "0" * 64
     assert image.full_inputs(base)["base"] == base
     assert image.full_inputs(base) != image.full_inputs("1" * 64)
-    # what a bare call or command builds is the base: the full image is about 1 GB of packages
+    # what a bare call or command builds is the base: the full image is about 400 MB of packages
     assert inspect.signature(image.ensure_desktop).parameters["image"].default == "base"
     assert apps.DEFAULT_IMAGE == "base"

@@ -22,8 +22,9 @@ CI builds and the default everywhere. `full` is built on request only (`--image 
 arm's `image: full`): the base's folder copied and the applications OSWorld's domains need
 installed into it by apt inside a chroot (FULL_PACKAGES: LibreOffice Calc, Writer and Impress,
 Chromium with OSWorld's `google-chrome` name and a remote debugging port, GIMP, VLC,
-Thunderbird; about 1 GB to download), cached under `full/<digest>` by a digest of the base's
-digest, the package list and the files it writes, then finished with the same server stage.
+Thunderbird; about 400 MB to download, 2.7 GB on disk), cached under `full/<digest>` by a digest
+of the base's digest, the package list and the files it writes, then finished with the same
+server stage.
 Its record lists every package's version, as the base's does.
 """
 
@@ -418,7 +419,8 @@ def _locked(path: Path, log):
 
 def cached(cache: Path = REPO / "build" / "xdesktop", image: str = DEFAULT_IMAGE) -> bool:
     """Whether `image`'s packages are built under `cache` (the server stage is seconds): a test
-    that needs the full image skips, rather than start a 1 GB build, when it is not."""
+    that needs the full image skips, rather than start a build of minutes and 400 MB, when it
+    is not."""
     base_digest = sha256_json(base_inputs())
     if image == DEFAULT_IMAGE:
         return (cache / "base" / base_digest[:16] / "base.json").is_file()
@@ -462,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
     p.add_argument("--image", choices=sorted(APPS), default=DEFAULT_IMAGE,
                    help="base (the default, what CI builds) or full (OSWorld's applications, "
-                   "about 1 GB of packages: on request only)")  # fmt: skip
+                   "about 400 MB of packages, 2.7 GB on disk: on request only)")  # fmt: skip
     args = p.parse_args(argv)
     try:
         built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True),
