@@ -42,6 +42,8 @@ RUNTIME = {
     "SetupError": "a set-up step cannot run in the guest: the set-up gate fails",
     "Unavailable": "the X desktop cannot serve an evaluator's getter or metric: a gate fails",
     "UnknownEnvironment": "no environment with that id: answered 404",
+    "TurnMismatch": "TRL asked for a tool call other than the ones run for its turn: its loop "
+    "changed under the concurrent tool calls, and the run stops",
     "UnsampleableToken": "a turn held a token no turn may contain: its episode is invalid",
     "VMDied": "a QEMU VM died: its environment fails a gate",
     "_Refused": "internal to the freeze's fetch: one URL that cannot be frozen, reported as "
