@@ -88,10 +88,18 @@ CONTROL_RUNS = [
     if arm == c.arm and config["arm"] is None
 ]
 QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
-# An arm on the real X desktop: the freeze refuses a task it cannot set up or score.
+# An arm on the real X desktop: the freeze refuses a task it cannot set up or score, judged by
+# the applications of the image the arms play (the base image where arms differ: a task must run
+# on every arm).
+XDESKTOP_IMAGES = {
+    spec.get("image", "base")
+    for spec in config["arms"].values()
+    if spec.get("world") == "xdesktop"
+}
 RUNNABLE = (
-    "--runnable xdesktop"
-    if any(spec.get("world") == "xdesktop" for spec in config["arms"].values())
+    "--runnable xdesktop --image "
+    + (XDESKTOP_IMAGES.pop() if len(XDESKTOP_IMAGES) == 1 else "base")
+    if XDESKTOP_IMAGES
     else ""
 )
 
@@ -247,3 +255,42 @@ def answer_outputs():
     answer = [f"{RESULTS}/outcome.md", f"{RESULTS}/verification.html"]
     answer += [f"{RESULTS}/controls.md"] if CONTROL_RUNS else []
     return answer + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS + CONTROL_RUNS]
+
+
+# An evaluation corruption's runs (the pre-registration's eval_differs controls; rules/eval.smk)
+# are evaluated with their flip, and each of their checkpoints once more honestly.
+EVAL_CONTROLS = {c.run_arm: c for c in PREREG.controls if c.expect == "eval_differs"}
+
+
+def eval_backend(arm):
+    """The evaluation arm's config for the runs of `arm`: with an evaluation corruption's flip
+    (envs/controls.py) for its runs, as registered for every other arm."""
+    evaluation = config["arms"][PREREG.evaluation.backend]
+    control = EVAL_CONTROLS.get(arm)
+    return control.eval_config(evaluation) if control else evaluation
+
+
+# The controls' job (rules/controls.smk): every control run's records, and an evaluation
+# corruption's honest evaluations beside them.
+def honest_evaluations(arm, seed):
+    if arm not in EVAL_CONTROLS:
+        return []
+    names = checkpoint_names(arm, seed)
+    return [f"{run_dir(arm, seed)}/eval-honest/{name}.json" for name in names]
+
+
+def controls_inputs(wildcards):
+    # The runs' records first: the parameters ask for the training checkpoints in that order.
+    runs = control_run_records(wildcards)
+    return runs + [path for arm, seed in CONTROL_RUNS for path in honest_evaluations(arm, seed)]
+
+
+def controls_arguments(wildcards):
+    return " ".join(
+        "--run "
+        + " ".join(
+            control_files(arm, seed, is_control)
+            + (honest_evaluations(arm, seed) if is_control else [])
+        )
+        for (arm, seed), is_control in control_pairs()
+    )

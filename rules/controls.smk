@@ -3,30 +3,6 @@
 # An evaluation corruption's run also names its checkpoints' honest evaluations (rules/eval.smk).
 
 
-def honest_evaluations(arm, seed):
-    if arm not in EVAL_CONTROLS:
-        return []
-    names = checkpoint_names(arm, seed)
-    return [f"{run_dir(arm, seed)}/eval-honest/{name}.json" for name in names]
-
-
-def controls_inputs(wildcards):
-    # The runs' records first: the parameters ask for the training checkpoints in that order.
-    runs = control_run_records(wildcards)
-    return runs + [path for arm, seed in CONTROL_RUNS for path in honest_evaluations(arm, seed)]
-
-
-def controls_arguments(wildcards):
-    return " ".join(
-        "--run "
-        + " ".join(
-            control_files(arm, seed, is_control)
-            + (honest_evaluations(arm, seed) if is_control else [])
-        )
-        for (arm, seed), is_control in control_pairs()
-    )
-
-
 rule controls:
     input:
         target=TARGET,

@@ -6,17 +6,6 @@
 # with their flip, and each of their checkpoints once more honestly (eval-honest/), so that
 # analysis/controls.py can compare the two evaluations of one checkpoint.
 
-EVAL_CONTROLS = {c.run_arm: c for c in PREREG.controls if c.expect == "eval_differs"}
-
-
-def eval_backend(arm):
-    """The evaluation arm's config for the runs of `arm`: with an evaluation corruption's flip
-    (envs/controls.py) for its runs, as registered for every other arm."""
-    evaluation = config["arms"][PREREG.evaluation.backend]
-    control = EVAL_CONTROLS.get(arm)
-    return control.eval_config(evaluation) if control else evaluation
-
-
 rule eval:
     input:
         target=TARGET,

@@ -75,6 +75,7 @@ elif "osworld" in config["tasks"]:
             # a registered map: a change reruns
             expect=[local(p) for p in [(OSWORLD_FILES or {}).get("expect")] if p],
             solutions=[local(p) for p in [OSWORLD_SOLUTIONS] if p],
+            noop=[local(p) for p in [config["tasks"]["osworld"].get("noop_record")] if p],
         output:
             tasks=f"{RESULTS}/tasks/tasks.jsonl",
             sources=directory(f"{RESULTS}/tasks/osworld"),
@@ -103,6 +104,7 @@ elif "osworld" in config["tasks"]:
                 if FREEZE_FILES
                 else ""
             ),
+            noop=lambda wildcards, input: f"--noop {input.noop}" if input.noop else "",
             solutions=lambda wildcards, input, output: (
                 f"--solutions-from {input.solutions} --solutions {output.solutions}"
                 if OSWORLD_SOLUTIONS
@@ -118,7 +120,8 @@ elif "osworld" in config["tasks"]:
             # Each task file copied byte for byte; a malformed one refused with its path.
             "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
             " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
-            " {params.runnable} {params.select} {params.files} {params.solutions} > {log} 2>&1"
+            " {params.runnable} {params.select} {params.files} {params.solutions} {params.noop}"
+            " > {log} 2>&1"
 
 else:
 
