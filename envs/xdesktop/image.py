@@ -373,7 +373,7 @@ def ensure_desktop(
     check_image(image)
     cache = cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / ".lock", log):
+    with build_lock(cache / ".lock", log):
         base_digest = sha256_json(base_inputs())
         base_dir = cache / "base" / base_digest[:16]
         rootfs = base_dir / "rootfs"
@@ -390,7 +390,7 @@ def ensure_desktop(
             return Built(digest, rootfs, record, image)
     # The full image under a lock of its own: its build takes many minutes, in which the base
     # stays usable (tests and arms on the base image wait for nothing).
-    with _locked(cache / ".lock-full", log):
+    with build_lock(cache / ".lock-full", log):
         inputs = full_inputs(base_digest)
         full_digest = sha256_json(inputs)
         full_dir = cache / "full" / full_digest[:16]
@@ -407,7 +407,8 @@ def ensure_desktop(
 
 
 @contextlib.contextmanager
-def _locked(path: Path, log):
+def build_lock(path: Path, log):
+    """Held while one process builds what `path` guards; another waits for it (a line says so)."""
     with open(path, "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -40,7 +40,7 @@ from envab.envs.qemu.image import BuildError, make_disk, qemu_version
 from envab.envs.qemu.tools import require
 from envab.envs.qemu.vm import VM, VMDied, VMSpec
 from envab.envs.xdesktop.apps import DEFAULT_IMAGE
-from envab.envs.xdesktop.image import REPO, ensure_desktop
+from envab.envs.xdesktop.image import REPO, build_lock, ensure_desktop
 from envab.errors import Refusal, refused
 from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
@@ -97,25 +97,30 @@ def ensure_guest(
     cache = cache.resolve()
     disk_digest = sha256_json({"image": image.digest, "builder": sha256_file(Path(__file__))})
     disk = cache / "qemu" / disk_digest[:16]
-    if not (disk / "disk.json").is_file():
-        log(f"X desktop guest disk {disk_digest[:16]}: ext4 of the image (a minute)")
-        t0 = time.monotonic()
-        files = make_disk(image.rootfs, disk)
-        built = {"digest": disk_digest, "image": image.digest, "files": files,
-                 "build_s": round(time.monotonic() - t0, 1)}  # fmt: skip
-        atomic_write_json(disk / "disk.json", built)
-    chosen = choose(accel)
-    spec = _spec(disk, memory_mib, chosen.mode)
-    inputs = {"disk": disk_digest, "size": list(size), "memory_mib": memory_mib,
-              "accel": chosen.mode, "qemu": qemu_version(), "vm": spec.definition()}  # fmt: skip
-    digest = sha256_json(inputs)
-    name = f"warm-{size[0]}x{size[1]}-{digest[:12]}"
-    record_path = disk / f"{name}.json"
-    warm = disk / f"{name}.qcow2"
-    if not record_path.is_file():
-        log(f"X desktop guest {name}: first boot under {chosen.mode} and savevm (minutes)")
-        built = build_warm(spec, warm, size)
-        atomic_write_json(record_path, {"digest": digest, "inputs": inputs, **built})
+    disk.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes that want the same guest at once (test workers, a workflow's jobs): one
+    # builds the disk and the snapshot, the other waits and finds them built.
+    with build_lock(disk.parent / f".lock-{disk_digest[:16]}", log):
+        if not (disk / "disk.json").is_file():
+            log(f"X desktop guest disk {disk_digest[:16]}: ext4 of the image (a minute)")
+            t0 = time.monotonic()
+            files = make_disk(image.rootfs, disk)
+            built = {"digest": disk_digest, "image": image.digest, "files": files,
+                     "build_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+            atomic_write_json(disk / "disk.json", built)
+        chosen = choose(accel)
+        spec = _spec(disk, memory_mib, chosen.mode)
+        inputs = {"disk": disk_digest, "size": list(size), "memory_mib": memory_mib,
+                  "accel": chosen.mode, "qemu": qemu_version(),
+                  "vm": spec.definition()}  # fmt: skip
+        digest = sha256_json(inputs)
+        name = f"warm-{size[0]}x{size[1]}-{digest[:12]}"
+        record_path = disk / f"{name}.json"
+        warm = disk / f"{name}.qcow2"
+        if not record_path.is_file():
+            log(f"X desktop guest {name}: first boot under {chosen.mode} and savevm (minutes)")
+            built = build_warm(spec, warm, size)
+            atomic_write_json(record_path, {"digest": digest, "inputs": inputs, **built})
     record = {"digest": digest, "disk": disk_digest, "image": image.digest,
               "accel_reason": chosen.reason, **json.loads(record_path.read_text())}  # fmt: skip
     return Guest(spec, warm, digest, record)
