@@ -144,6 +144,7 @@ def frozen(frozen_once, tmp_path, make_workflow) -> Workflow:
 # booting, a package downloading), which a third worker fills. The rest keep their order.
 FIRST = (
     "test_answer.py",
+    "test_rehearsal.py",
     "test_xdesktop.py",
     "test_train.py",
     "test_eval_corruption_run.py",
