@@ -188,7 +188,7 @@ sols = {s["id"]: s for s in solutions}
 split = split_tasks(tasks, 0, 0.25, args.split_unit)
 train, held = split.train, split.heldout
 print("train", len(train), "held", len(held), flush=True)
-results = {"args": vars(args)}
+results = {"args": vars(args), "heldout_tasks": len(held), "training_tasks": len(train)}
 
 pinned = out / "pinned"
 if not pinned.exists():

@@ -167,12 +167,18 @@ def bwrap_argv(worker_argv: Sequence[str]) -> list[str]:
     # The uid change is the worker's own (bwrap only changes uids in a user namespace); it needs
     # these two capabilities, which it gives up with the uid.
     argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # The writable folders before the binds: a bind below one of them (a checkout or its
+    # environment under /tmp) goes on top of the tmpfs instead of under it, hidden.
+    writable = ("/tmp", "/dev/shm")
+    for d in writable:
+        argv += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", d]
     destinations = [b["destination"] for b in binds]
     above: set[str] = set()
     for d in destinations:  # folders above a bind, made enterable (bwrap copies /root's 0700)
         parts = d.strip("/").split("/")
         above |= {"/" + "/".join(parts[:i]) for i in range(1, len(parts))}
-    for d in sorted(above - set(destinations)):
+    for d in sorted(above - set(destinations) - set(writable) - {"/dev"}):
         argv += ["--perms", "0755", "--dir", d]
     for b in binds:
         argv += ["--ro-bind", b["source"], b["destination"]]
@@ -181,9 +187,6 @@ def bwrap_argv(worker_argv: Sequence[str]) -> list[str]:
     # the loader's cache, alone in /etc (it finds libseccomp)
     argv += ["--perms", "0755", "--dir", "/etc"]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    for d in ("/tmp", "/dev/shm"):
-        argv += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", d]
     argv += ["--remount-ro", "/", "--chdir", "/tmp", "--", *worker_argv]
     return argv
 
