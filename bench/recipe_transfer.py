@@ -1,6 +1,6 @@
 """Does the embedded default's recipe transfer to task sets it was never tuned on?
 
-    python bench/recipe_transfer.py --out /tmp/transfer --seeds 3 4 5 6 7 [-- learnability args]
+    python bench/recipe_transfer.py --out transfer --seeds 3 4 5 6 7 [-- learnability args]
 
 For each factory seed, runs bench/learnability.py (the shipped recipe unless arguments after `--`
 change it: SFT warm start, then GRPO on the in-process arm) into OUT/seed<k>, then tabulates per
