@@ -121,6 +121,11 @@ p.add_argument("--toolset", default="click")
 p.add_argument("--sft-steps", type=int, default=100)
 p.add_argument("--sft-batch", type=int, default=16)
 p.add_argument("--sft-lr", type=float, default=3e-3)
+p.add_argument(
+    "--sft-schedule",
+    default="constant",
+    help="the warm start's lr schedule (transformers' lr_scheduler_type; shipped: constant)",
+)
 p.add_argument("--sft-prompt", choices=("tools", "plain"), default="tools")
 p.add_argument("--grpo-steps", type=int, default=160)
 p.add_argument("--grpo-lr", type=float, default=3e-4)
@@ -292,7 +297,7 @@ cfg = SFTConfig(
     max_steps=args.sft_steps,
     per_device_train_batch_size=args.sft_batch,
     learning_rate=args.sft_lr,
-    lr_scheduler_type="constant",
+    lr_scheduler_type=args.sft_schedule,
     dataset_kwargs={"skip_prepare_dataset": True},
     use_cpu=True,
     bf16=False,
