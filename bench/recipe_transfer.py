@@ -78,9 +78,12 @@ def main() -> None:
     for row in rows:
         grpo = f"{row['grpo']:.3f} ({row['grpo_lb']:.3f})" if "grpo" in row else "not run"
         best = max(row["sft_lb"], row.get("grpo_lb", 0.0))
-        reached = (
-            "warm start" if row["sft_lb"] >= threshold else ("yes" if best >= threshold else "no")
-        )
+        if row["sft_lb"] >= threshold:
+            reached = "warm start"
+        elif "grpo" not in row:
+            reached = "GRPO not run"
+        else:
+            reached = "yes" if best >= threshold else "no"
         print(
             f"| {row['seed']} | {row['episodes']} | {row['sft_train']:.3f} | "
             f"{row['sft']:.3f} ({row['sft_lb']:.3f}) | {grpo} | "
