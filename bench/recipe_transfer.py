@@ -77,17 +77,17 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
         grpo = f"{row['grpo']:.3f} ({row['grpo_lb']:.3f})" if "grpo" in row else "not run"
-        best = max(row["sft_lb"], row.get("grpo_lb", 0.0))
         if row["sft_lb"] >= threshold:
             reached = "warm start"
         elif "grpo" not in row:
             reached = "GRPO not run"
         else:
-            reached = "yes" if best >= threshold else "no"
+            reached = "yes" if row["grpo_lb"] >= threshold else "no"
+        grpo_train = f"{row['grpo_train']:.3f}" if "grpo" in row else "-"
         print(
             f"| {row['seed']} | {row['episodes']} | {row['sft_train']:.3f} | "
             f"{row['sft']:.3f} ({row['sft_lb']:.3f}) | {grpo} | "
-            f"{row.get('grpo_train', float('nan')):.3f} | {reached} |"
+            f"{grpo_train} | {reached} |"
         )
     (args.out / "table.json").write_text(json.dumps(rows, indent=1))
 
