@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from envab.io import read_jsonl
+
 REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = [
@@ -57,7 +59,7 @@ def test_the_rehearsal_runs_every_stage_on_real_applications_on_both_sandboxes(w
     results = workflow.root / "results" / exp
     played = []
     for arm in ("qemu", "drums"):
-        lines = [json.loads(x) for x in (results / arm / "seed1" / "trajectories.jsonl").open()]
+        lines = list(read_jsonl(results / arm / "seed1" / "trajectories.jsonl"))
         assert sum(line["verdict"] == "valid" for line in lines) >= 2, arm
         assert {line["task_id"][:3] for line in lines} == {"xd-"}  # the X desktop's tasks
         run_json = json.loads((results / arm / "seed1" / "run.json").read_text())
