@@ -148,6 +148,8 @@ p.add_argument(
     "of 16 (one generation batch), the guest from build/qemu",
 )
 p.add_argument("--threads", type=int, default=2)
+p.add_argument("--text-layers", type=int, default=2, help="the tiny model's text layers (spec)")
+p.add_argument("--text-hidden", type=int, default=128, help="the tiny model's text width (spec)")
 p.add_argument(
     "--eval-temp",
     type=float,
@@ -163,6 +165,12 @@ p.add_argument(
 p.add_argument("--factory-seed", type=int, default=1, help="the task factory's seed")
 p.add_argument("--eval-seeds", type=int, default=2, help="evaluation seeds (episodes per task)")
 p.add_argument("--eval-steps", type=int, default=1, help="evaluation max_steps (actions)")
+p.add_argument(
+    "--eval-every",
+    type=int,
+    default=0,
+    help="held-out success every N GRPO steps (the curve a checkpoint interval would see)",
+)
 args = p.parse_args()
 
 torch.set_num_threads(args.threads)
@@ -197,7 +205,11 @@ results = {"args": vars(args), "heldout_tasks": len(held), "training_tasks": len
 
 pinned = out / "pinned"
 if not pinned.exists():
-    tiny_model.build(sorted({t["instruction"] for t in train}), pinned, TinySpec(seed=0))
+    tiny_model.build(
+        sorted({t["instruction"] for t in train}),
+        pinned,
+        TinySpec(seed=0, text_layers=args.text_layers, text_hidden_size=args.text_hidden),
+    )
 
 proto = Protocol(
     episodes_per_task=1,
@@ -401,11 +413,24 @@ if args.grpo_steps:
         )
         from transformers import TrainerCallback
 
+        curve = results["grpo_curve"] = []
+        looks_s = [0.0]  # the looks' own time, kept out of GRPO's seconds a step
+
         class Step(TrainerCallback):
             def on_step_begin(self, a, state, c, **k):
                 if ledger.started is None:
                     ledger.start()
                 run.step = state.global_step + 1
+
+            def on_step_end(self, a, state, c, model=None, **k):
+                if args.eval_every and state.global_step % args.eval_every == 0:
+                    t = time.time()
+                    look = gdir / "look"
+                    model.save_pretrained(look)
+                    processor.save_pretrained(look)
+                    rate = ev(look, held, tag=f"grpo step {state.global_step}")
+                    curve.append({"step": state.global_step, "heldout": rate})
+                    looks_s[0] += time.time() - t
 
         tr = GRPOTrainer(
             model=model,
@@ -417,7 +442,7 @@ if args.grpo_steps:
         )
         t0 = time.time()
         tr.train()
-        results["grpo_s_per_step"] = (time.time() - t0) / args.grpo_steps
+        results["grpo_s_per_step"] = (time.time() - t0 - looks_s[0]) / args.grpo_steps
         groups.close()
     tr.model.save_pretrained(gdir / "model")
     processor.save_pretrained(gdir / "model")

@@ -71,21 +71,15 @@ class WithTools:
         return self._processor.apply_chat_template(conversation, tools=self._tools, **kwargs)
 
 
-def fit(
-    model, processor, demos: dict, tools, settings: dict, compute, args, console, scratch, out
-) -> float:
-    """Train on every demonstration for `settings["steps"]` steps; save model and processor into
-    `out`; the mean training loss. The caller seeded the RNGs before it loaded the model. On
-    `compute` (trainer/compute.py): its device, dtype and checkpointing; with LoRA the adapters
-    are trained and then merged, so the warm start is a whole model folder as without."""
-    dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
-    config = SFTConfig(
+def sft_config(settings: dict, compute, seed: int, scratch) -> SFTConfig:
+    """TRL's settings for `training.sft` (steps, batch size, learning rate and its schedule)."""
+    return SFTConfig(
         output_dir=str(scratch / "trainer"),
-        seed=args.seed,
+        seed=seed,
         max_steps=settings["steps"],
         per_device_train_batch_size=settings["batch_size"],
         learning_rate=settings["learning_rate"],
-        lr_scheduler_type="constant",
+        lr_scheduler_type=settings.get("schedule", "constant"),  # constant: the schema's default
         dataset_kwargs={"skip_prepare_dataset": True},  # rows are task ids, see the collator
         use_cpu=compute.cpu,
         bf16=compute.dtype == "bfloat16" and not compute.cpu,
@@ -96,6 +90,17 @@ def fit(
         remove_unused_columns=False,
         dataloader_num_workers=0,
     )
+
+
+def fit(
+    model, processor, demos: dict, tools, settings: dict, compute, args, console, scratch, out
+) -> float:
+    """Train on every demonstration for `settings["steps"]` steps; save model and processor into
+    `out`; the mean training loss. The caller seeded the RNGs before it loaded the model. On
+    `compute` (trainer/compute.py): its device, dtype and checkpointing; with LoRA the adapters
+    are trained and then merged, so the warm start is a whole model folder as without."""
+    dataset = Dataset.from_list([{"task_id": task_id} for task_id in sorted(demos)])
+    config = sft_config(settings, compute, args.seed, scratch)
     trainer = SFTTrainer(
         model=model,
         args=config,
