@@ -148,6 +148,7 @@ p.add_argument(
     "of 16 (one generation batch), the guest from build/qemu",
 )
 p.add_argument("--threads", type=int, default=2)
+p.add_argument("--label", help="train and evaluate on this label's tasks only (e.g. Save)")
 p.add_argument("--text-layers", type=int, default=2, help="the tiny model's text layers (spec)")
 p.add_argument("--text-hidden", type=int, default=128, help="the tiny model's text width (spec)")
 p.add_argument(
@@ -200,6 +201,9 @@ tasks, solutions = build(
 sols = {s["id"]: s for s in solutions}
 split = split_tasks(tasks, 0, 0.25, args.split_unit)
 train, held = split.train, split.heldout
+if args.label:  # one label's tasks only: what GRPO does without the other labels' updates
+    train = [t for t in train if t["instruction"] == f"Click {args.label}."]
+    held = [t for t in held if t["instruction"] == f"Click {args.label}."]
 print("train", len(train), "held", len(held), flush=True)
 results = {"args": vars(args), "heldout_tasks": len(held), "training_tasks": len(train)}
 
