@@ -134,6 +134,13 @@ p.add_argument("--prompts", type=int, default=2)
 p.add_argument("--temp", type=float, default=1.0)
 p.add_argument("--beta", type=float, default=0.04, help="KL coefficient against the warm start")
 p.add_argument("--max-turns", type=int, default=1)
+p.add_argument(
+    "--adam-eps",
+    type=float,
+    default=1e-8,
+    help="GRPO's Adam epsilon (TRL's 1e-8 by default; larger damps the steps of parameters "
+    "whose gradients are tiny and noisy)",
+)
 p.add_argument("--max-completion", type=int, default=128)
 p.add_argument(
     "--reuse-sft",
@@ -148,6 +155,17 @@ p.add_argument(
     "of 16 (one generation batch), the guest from build/qemu",
 )
 p.add_argument("--threads", type=int, default=2)
+p.add_argument(
+    "--iterations",
+    type=int,
+    default=1,
+    help="GRPO updates per generation batch (TRL's num_iterations; each counts as a step)",
+)
+p.add_argument(
+    "--by-label",
+    action="store_true",
+    help="GRPO's prompts in label order, unshuffled: each step draws one label's tasks",
+)
 p.add_argument("--label", help="train and evaluate on this label's tasks only (e.g. Save)")
 p.add_argument("--text-layers", type=int, default=2, help="the tiny model's text layers (spec)")
 p.add_argument("--text-hidden", type=int, default=128, help="the tiny model's text width (spec)")
@@ -368,7 +386,10 @@ if args.grpo_steps:
 
     set_seed(1)
     tmap = {t["id"]: t for t in train}
-    ds = Dataset.from_list(agent.training_rows(tmap))
+    rows = agent.training_rows(tmap)
+    if args.by_label:  # a step's prompts share a label: its groups do not pull against each other
+        rows.sort(key=lambda r: (tmap[r["task_id"]]["instruction"], r["task_id"]))
+    ds = Dataset.from_list(rows)
     first = agent.rendered_first_screens(tmap)
     model, processor = load(sft_dir)
     gdir = out / f"grpo_{args.arm}"
@@ -388,6 +409,9 @@ if args.grpo_steps:
 
     cfg = grpo_config(settings, 1, gdir, Compute(), processor.tokenizer)
     cfg.max_steps = args.grpo_steps
+    cfg.adam_epsilon = args.adam_eps
+    cfg.shuffle_dataset = not args.by_label
+    cfg.num_iterations = args.iterations  # updates per generation batch, clipped (PPO's mu)
     cfg.logging_steps = 5
     if args.arm == "local":
         cm = contextlib.nullcontext(LocalBackend())
