@@ -6,7 +6,11 @@
 click tool set, SFT 100 steps at batch 16 and lr 3e-3, GRPO 160 steps at lr 3e-4 with 8
 generations x 2 prompts, temperature 1.0, one-turn episodes, KL beta 0.04, sampled evaluation
 with two episodes per task and one action each; `--reuse-sft` reruns only GRPO on the same
-OUT's warm start). Builds the task set (envs/tasks/templated.py: a toolbar docked in the left
+OUT's warm start; `--eval-every N` takes held-out success every N GRPO steps, the curve a
+checkpoint interval would see; `--label`, `--by-label`, `--adam-eps`, `--iterations` and the
+model's `--text-layers`/`--text-hidden` are the probes of
+docs/results/2026-12-03-grpo-on-the-lookup.md).
+Builds the task set (envs/tasks/templated.py: a toolbar docked in the left
 column under a light theme or in the right column under a dark one, decoy buttons in the other
 column; a label keeps its row), splits it as the pipeline does (envab/split.py), builds
 `builtin:tiny-qwen3-vl` from the training instructions, then:
