@@ -313,3 +313,51 @@ def _addresses() -> list[str]:
     except OSError:
         return []
     return sorted({info[4][0] for info in infos} - {"127.0.0.1"})
+
+
+def _docx(*paragraphs: str) -> bytes:
+    from docx import Document
+
+    document = Document()
+    for text in paragraphs:
+        document.add_paragraph(text)
+    data = io.BytesIO()
+    document.save(data)
+    return data.getvalue()
+
+
+def _pptx(*titles: str) -> bytes:
+    from pptx import Presentation
+
+    deck = Presentation()
+    for title in titles:
+        slide = deck.slides.add_slide(deck.slide_layouts[5])  # title only
+        slide.shapes.title.text = title
+    data = io.BytesIO()
+    deck.save(data)
+    return data.getvalue()
+
+
+@pytest.mark.parametrize(
+    "func, make, suffix",
+    [("compare_docx_files", _docx, "docx"), ("compare_pptx_files", _pptx, "pptx")],
+    ids=["writer", "impress"],
+)
+def test_the_office_metrics_score_documents_in_the_checker(func, make, suffix):
+    # docs.py imports easyocr (one OCR metric of its many reads a screenshot) and slides.py
+    # python-pptx: with their dependencies pinned, OSWorld's Writer and Impress metrics load and
+    # score in the confined checker (the OCR models are not here, and no task here uses OCR)
+    env = Environment(
+        {
+            f"/root/report.{suffix}": make("Quarterly report", "Sales rose"),
+            f"/gold/report.{suffix}": make("Quarterly report", "Sales rose"),
+        }
+    )
+    ev = {
+        "func": func,
+        "result": {"type": "vm_file", "path": f"/root/report.{suffix}", "dest": f"a.{suffix}"},
+        "expected": {"type": "vm_file", "path": f"/gold/report.{suffix}", "dest": f"b.{suffix}"},
+    }
+    assert evaluate.evaluate(ev, env.http, lambda steps: None) == 1.0
+    env.files[f"/root/report.{suffix}"] = make("Quarterly report", "Sales fell")
+    assert evaluate.evaluate(ev, env.http, lambda steps: None) == 0.0

@@ -57,7 +57,9 @@ class Limits:
     gid: int = NOBODY
     deadline_s: float = 300.0
     cpu_s: int = 300
-    memory_bytes: int = 4 * 2**30  # address space: desktop-env's getters import pandas
+    # Address space, not resident memory: desktop-env's getters import pandas, and its Writer
+    # metrics (docs.py) import easyocr and so torch, whose CUDA build maps 3.9 GiB at import.
+    memory_bytes: int = 8 * 2**30
     file_bytes: int = 64 * 2**20  # one file: the largest the environment's channel carries
     open_files: int = 256
     processes: int = 256  # the uid's processes and threads: the relay runs a thread a request
