@@ -95,32 +95,17 @@ def test_a_folder_frozen_without_copies_still_gives_one_line_a_task(tmp_path):
 
 
 def test_a_task_the_x_desktop_cannot_run_or_score_is_refused_at_freeze(tmp_path):
-    """--runnable xdesktop: a metric whose module cannot load here (VLC's needs pyacoustid, not
-    pinned), an application the image lacks or a route this desktop lacks is named at freeze
-    with its file, and nothing is written; a cloud_file expectation is not among them (the store
-    serves it, tests/test_task_files.py), nor the office metrics (their modules' dependencies
-    are pinned); the project's own X desktop tasks pass."""
-    sample = tmp_path / "osworld"
-    shutil.copytree(FIXTURE, sample)
-    os_task = next(  # one metric, one getter
-        f
-        for f in sorted((sample / "examples" / "os").glob("*.json"))
-        if json.loads(f.read_text())["evaluator"]["func"] == "exact_match"
-    )
-    task = json.loads(os_task.read_text())
-    task["evaluator"]["func"] = "is_vlc_playing"
-    os_task.write_text(json.dumps(task))
+    """--runnable xdesktop: an application the image lacks or a route this desktop lacks is
+    named at freeze with its file, and nothing is written; a cloud_file expectation is not among
+    them (the store serves it, tests/test_task_files.py), nor a Writer metric (its module's
+    dependencies are pinned); the project's own X desktop tasks pass."""
     out = tmp_path / "tasks.jsonl"
     cli = [sys.executable, "-m", "envab.envs.tasks.osworld", "--runnable", "xdesktop",
            "--tasks", str(out), "--report", str(tmp_path / "index.json")]  # fmt: skip
-    result = subprocess.run([*cli, "--dir", str(sample), "--index", str(sample / INDEX.name)],
+    result = subprocess.run([*cli, "--dir", str(FIXTURE), "--index", str(INDEX)],
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 2 and not out.exists()
     errors = result.stderr.splitlines()
-    assert any(
-        "metric 'is_vlc_playing' (vlc.py) cannot load here" in e and os_task.name in e
-        for e in errors
-    ), errors
     assert not any("compare_docx_files" in e for e in errors), errors
     assert any("application 'libreoffice'" in e for e in errors), errors
     assert not any("getter 'cloud_file'" in e for e in errors), errors
@@ -354,10 +339,9 @@ def test_a_task_no_verifier_can_score_is_refused_at_freeze(tmp_path, change, nam
     assert named in message and f"desktop-env {registry().version}" in message
 
 
-def test_every_metric_module_of_desktop_env_loads_here_but_vlcs():
+def test_every_metric_module_of_desktop_env_loads_here():
     """The metrics' dependencies are pinned (pyproject.toml), so every module of desktop-env's
-    metrics imports, unchanged, but VLC's, which needs pyacoustid and librosa (not pinned: two
-    tasks' metric); a task naming one of its metrics is refused at freeze with that reason."""
+    metrics imports here, unchanged; one that cannot is a named reason at freeze."""
     from envab.envs.xdesktop import evaluate
 
     reg = evaluate.registry()
@@ -365,12 +349,26 @@ def test_every_metric_module_of_desktop_env_loads_here_but_vlcs():
     for (kind, name), module in sorted(reg.modules.items()):
         if kind == "metrics":
             first.setdefault(module, name)
-    failed = {}
-    for module, name in first.items():
-        try:
-            evaluate.load("metrics", name)
-        except evaluate.Unavailable as e:
-            failed[module] = str(e)
-    assert set(first) >= {"docs", "slides", "chrome", "pdf", "others", "vscode", "table"}
-    assert list(failed) == ["vlc"], failed
-    assert "No module named 'acoustid'" in failed["vlc"]
+    assert set(first) >= {"docs", "slides", "chrome", "pdf", "others", "vscode", "vlc", "table"}
+    for name in first.values():
+        evaluate.load("metrics", name)
+
+
+def test_a_metric_whose_module_cannot_load_is_a_named_reason(monkeypatch):
+    from envab.envs.xdesktop import evaluate
+
+    monkeypatch.setitem(sys.modules, "librosa", None)  # as on a machine without it
+    monkeypatch.delitem(sys.modules, "desktop_env.evaluators.metrics.vlc", raising=False)
+    with pytest.raises(evaluate.Unavailable, match=r"'compare_images' \(vlc.py\) cannot load here"):
+        evaluate.load("metrics", "compare_images")
+    task = {
+        "id": "t",
+        "related_apps": [],
+        "evaluator": {
+            "func": "compare_images",
+            "result": {"type": "vm_file", "path": "/a.png", "dest": "a.png"},
+            "expected": {"type": "vm_file", "path": "/b.png", "dest": "b.png"},
+        },
+    }
+    reasons = dict(evaluate.blockers(task))
+    assert "cannot load here" in reasons["metric:compare_images"], reasons
