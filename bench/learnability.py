@@ -127,8 +127,9 @@ p.add_argument("--sft-batch", type=int, default=16)
 p.add_argument("--sft-lr", type=float, default=3e-3)
 p.add_argument(
     "--sft-schedule",
+    choices=("constant", "linear", "cosine"),
     default="constant",
-    help="the warm start's lr schedule (transformers' lr_scheduler_type; shipped: constant)",
+    help="the warm start's lr schedule (training.sft.schedule; shipped: constant)",
 )
 p.add_argument("--sft-prompt", choices=("tools", "plain"), default="tools")
 p.add_argument("--grpo-steps", type=int, default=160)
@@ -317,11 +318,12 @@ if results["pinned"] is None:
     results["pinned"] = ev(pinned, held, tag="pinned")
 from datasets import Dataset  # noqa: E402
 from transformers import set_seed  # noqa: E402
-from trl import SFTConfig, SFTTrainer  # noqa: E402
+from trl import SFTTrainer  # noqa: E402
 
+from envab.trainer.compute import Compute  # noqa: E402
 from envab.trainer.model import load  # noqa: E402
 from envab.trainer.sft import demonstration  # noqa: E402
-from envab.trainer.warm_start import demonstration_collator  # noqa: E402
+from envab.trainer.warm_start import demonstration_collator, sft_config  # noqa: E402
 
 demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS, LocalBackend()) for t in train}
 set_seed(0)
@@ -329,23 +331,8 @@ model, processor = load(pinned)
 collator = demonstration_collator(processor, demos, TOOLS)
 if args.sft_prompt == "plain":  # trainer/warm_start.py renders the tools (WithTools); undo that
     collator.processor = processor
-cfg = SFTConfig(
-    output_dir=str(out / "sft_scratch"),
-    seed=0,
-    max_steps=args.sft_steps,
-    per_device_train_batch_size=args.sft_batch,
-    learning_rate=args.sft_lr,
-    lr_scheduler_type=args.sft_schedule,
-    dataset_kwargs={"skip_prepare_dataset": True},
-    use_cpu=True,
-    bf16=False,
-    gradient_checkpointing=False,
-    save_strategy="no",
-    logging_steps=10,
-    report_to="none",
-    remove_unused_columns=False,
-    dataloader_num_workers=0,
-)
+sft = {"steps": args.sft_steps, "batch_size": args.sft_batch, "learning_rate": args.sft_lr}
+cfg = sft_config({**sft, "schedule": args.sft_schedule}, Compute(), 0, out / "sft_scratch")
 ds = Dataset.from_list([{"task_id": i} for i in sorted(demos)])
 if args.reuse_sft and (out / "sft_results.json").exists():
     results.update(
@@ -381,7 +368,6 @@ if args.grpo_steps:
 
     from envab.envs.arms import open_arm
     from envab.trainer.accounting import Ledger, Prices
-    from envab.trainer.compute import Compute
     from envab.trainer.environment import GenerationClock, Run, environment_factory
     from envab.trainer.forkgroups import ForkGroups
     from envab.trainer.grpo import GrpoSettings, grpo_config

@@ -17,17 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from tiny_grpo import grpo_args
+from tiny_grpo import arm_run, call_ids, grpo_args
 
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
 from envab.trainer import agent
 from envab.trainer import model as pin
-from envab.trainer.accounting import Ledger, Prices
-from envab.trainer.environment import GenerationClock, Run, environment_factory
-from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.environment import environment_factory
 from envab.trainer.generation import GuardedGenerationMixin
-from envab.trainer.guards import HeldoutGuard
 
 GROUP, PROMPTS = 2, 3
 
@@ -58,18 +55,10 @@ class Scripted:
         tokenizer = self.processing_class.tokenizer
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         turn, self.turn = self.turn, self.turn + 1
-        render = self.processing_class.apply_chat_template
         out = []
         for j in range(len(prompt_ids)):
             if turn == 0:
-                message = agent.assistant_call("click", {"x": 5 + 23 * j, "y": 9 + 19 * j})
-                user = [{"role": "user", "content": [{"type": "text", "text": "-"}]}]
-                prompt = list(render(user, add_generation_prompt=True, tokenize=True))
-                full = list(render([*user, message], tokenize=True))
-                prompt = prompt[0] if prompt and isinstance(prompt[0], list) else prompt
-                full = full[0] if full and isinstance(full[0], list) else full
-                ids = full[len(prompt) :]
-                ids = ids[: ids.index(end) + 1]
+                ids = call_ids(self.processing_class, "click", {"x": 5 + 23 * j, "y": 9 + 19 * j})
             else:
                 ids = [*tokenizer.encode("ok " * (1 + j)), end]
             out.append(ids)
@@ -90,24 +79,7 @@ def test_trained_log_probs_are_those_of_a_plain_forward_pass(tiny, tasks, tmp_pa
     )
     args.max_steps = 1
     args.learning_rate = 1e-12  # the step must not change the model the reference pass uses
-    ledger = Ledger(
-        str(tmp_path / "trajectories.jsonl"),
-        str(tmp_path / "checkpoints.jsonl"),
-        arm="local",
-        seed=1,
-        checkpoint_interval=100,
-        prices=Prices(0.1, 0.2),
-    )
-    run = Run(
-        tasks,
-        None,
-        HeldoutGuard(frozenset()),
-        ledger,
-        ForkGroups(LocalBackend(), GROUP),
-        tools=agent.tool_set("click"),
-        max_turns=1,
-        clock=GenerationClock(),
-    )
+    run = arm_run(tasks, LocalBackend(), tmp_path, GROUP, max_turns=1, arm="local")
     cls = type("Trainer", (GuardedGenerationMixin, Scripted, GRPOTrainer), {})
     trainer = cls(
         model=model,

@@ -13,18 +13,14 @@ import threading
 import time
 
 import pytest
-from tiny_grpo import grpo_args, record_batches
+from tiny_grpo import arm_run, call_ids, grpo_args, record_batches
 
 from envab.envs.arms import open_arm
 from envab.envs.tasks.build import build
 from envab.trainer import agent
 from envab.trainer import model as pin
-from envab.trainer.accounting import Ledger, Prices
-from envab.trainer.environment import GenerationClock, Run, environment_factory
-from envab.trainer.forkgroups import ForkGroups
+from envab.trainer.environment import environment_factory
 from envab.trainer.generation import GuardedGenerationMixin
-from envab.trainer.guards import HeldoutGuard
-from envab.trainer.preflight import _unbatched
 from envab.trainer.step_times import StepTimes
 from envab.trainer.toolcalls import ConcurrentToolsMixin, ToolCalls, TurnMismatch, in_batch
 
@@ -209,15 +205,8 @@ class Scripted:
         out = []
         for j in range(len(prompt_ids)):
             if turn < TURNS:
-                message = agent.assistant_call(
-                    "click", {"x": 8 + 16 * j + 4 * turn, "y": 20 + 40 * turn}
-                )
-                user = [{"role": "user", "content": [{"type": "text", "text": "-"}]}]
-                render = self.processing_class.apply_chat_template
-                prompt = _unbatched(render(user, add_generation_prompt=True, tokenize=True))
-                full = _unbatched(render([*user, message], tokenize=True))
-                ids = list(full[len(prompt) :])
-                ids = ids[: ids.index(end) + 1]
+                point = {"x": 8 + 16 * j + 4 * turn, "y": 20 + 40 * turn}
+                ids = call_ids(self.processing_class, "click", point)
             else:
                 ids = [*tokenizer.encode("ok"), end]
             out.append(ids)
@@ -239,24 +228,7 @@ def train_once(tiny, tasks, backend, tmp_path, width):
         parallel_steps=width,
     )
     args.max_steps = 1
-    ledger = Ledger(
-        str(tmp_path / "trajectories.jsonl"),
-        str(tmp_path / "checkpoints.jsonl"),
-        arm="drums",
-        seed=1,
-        checkpoint_interval=100,
-        prices=Prices(0.1, 0.2),
-    )
-    run = Run(
-        tasks,
-        None,
-        HeldoutGuard(frozenset()),
-        ledger,
-        ForkGroups(backend, GROUP),
-        tools=agent.tool_set("click"),
-        max_turns=TURNS,
-        clock=GenerationClock(),
-    )
+    run = arm_run(tasks, backend, tmp_path, GROUP, TURNS)
     cls = type("Trainer", (GuardedGenerationMixin, ConcurrentToolsMixin, Scripted, GRPOTrainer), {})
     from datasets import Dataset
 

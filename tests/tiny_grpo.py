@@ -43,3 +43,47 @@ def record_batches(trainer) -> list[dict]:
 
     trainer._generate_and_score_completions = recording
     return batches
+
+
+def call_ids(processing_class, name: str, arguments: dict) -> list[int]:
+    """The token ids of one assistant turn calling `name`, through its end of turn: what a
+    scripted policy hands TRL's loop as its completion."""
+    from envab.trainer import agent
+    from envab.trainer.preflight import _unbatched
+
+    end = processing_class.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    user = [{"role": "user", "content": [{"type": "text", "text": "-"}]}]
+    render = processing_class.apply_chat_template
+    prompt = _unbatched(render(user, add_generation_prompt=True, tokenize=True))
+    full = _unbatched(render([*user, agent.assistant_call(name, arguments)], tokenize=True))
+    ids = list(full[len(prompt) :])
+    return ids[: ids.index(end) + 1]
+
+
+def arm_run(tasks: dict, backend, out: Path, group: int, max_turns: int, arm: str = "drums"):
+    """trainer/environment.py's Run over `backend`, its records under `out`, as a run of the
+    shipped config builds it (no held-out ids, the click tools)."""
+    from envab.trainer import agent
+    from envab.trainer.accounting import Ledger, Prices
+    from envab.trainer.environment import GenerationClock, Run
+    from envab.trainer.forkgroups import ForkGroups
+    from envab.trainer.guards import HeldoutGuard
+
+    ledger = Ledger(
+        str(out / "trajectories.jsonl"),
+        str(out / "checkpoints.jsonl"),
+        arm=arm,
+        seed=1,
+        checkpoint_interval=100,
+        prices=Prices(0.1, 0.2),
+    )
+    return Run(
+        tasks,
+        None,
+        HeldoutGuard(frozenset()),
+        ledger,
+        ForkGroups(backend, group),
+        tools=agent.tool_set("click"),
+        max_turns=max_turns,
+        clock=GenerationClock(),
+    )
