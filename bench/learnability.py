@@ -131,6 +131,13 @@ p.add_argument(
     default="constant",
     help="the warm start's lr schedule (training.sft.schedule; shipped: constant)",
 )
+p.add_argument(
+    "--sft-screens",
+    choices=("shown", "blank", "shuffled"),
+    default="shown",
+    help="blank: the demonstrations' screenshots blanked; shuffled: each demonstration's theme "
+    "drawn at random (either way the warm start learns no screen cue)",
+)
 p.add_argument("--sft-prompt", choices=("tools", "plain"), default="tools")
 p.add_argument("--grpo-steps", type=int, default=160)
 p.add_argument("--grpo-lr", type=float, default=3e-4)
@@ -326,6 +333,34 @@ from envab.trainer.sft import demonstration  # noqa: E402
 from envab.trainer.warm_start import demonstration_collator, sft_config  # noqa: E402
 
 demos = {t["id"]: demonstration(t, sols[t["id"]]["oracle"], TOOLS, LocalBackend()) for t in train}
+if args.sft_screens == "blank":
+    from PIL import Image
+
+    def blank_screens(messages):
+        """Every screenshot of a demonstration replaced by a blank of its size."""
+        return [
+            {
+                **m,
+                "content": [
+                    {**b, "image": Image.new("RGB", b["image"].size, (228, 228, 228))}
+                    if isinstance(b, dict) and b.get("type") == "image"
+                    else b
+                    for b in m["content"]
+                ]
+                if isinstance(m.get("content"), list)
+                else m["content"],
+            }
+            for m in messages
+        ]
+
+    demos = {k: blank_screens(v) for k, v in demos.items()}
+if args.sft_screens == "shuffled":  # training.sft.cue: shuffled (envs/tasks/build.py)
+    from envab.envs.tasks.build import cue_shuffled
+
+    demos = {
+        t["id"]: demonstration(cue_shuffled(t), sols[t["id"]]["oracle"], TOOLS, LocalBackend())
+        for t in train
+    }
 set_seed(0)
 model, processor = load(pinned)
 collator = demonstration_collator(processor, demos, TOOLS)
@@ -339,7 +374,7 @@ if args.reuse_sft and (out / "sft_results.json").exists():
         {
             k: v
             for k, v in json.loads((out / "sft_results.json").read_text()).items()
-            if k in ("sft_s_per_step", "sft_loss")
+            if k in ("sft_s_per_step", "sft_loss", "sft", "sft_blank", "sft_train")
         }
     )
     print("reusing", sft_dir, flush=True)
@@ -354,9 +389,12 @@ else:
     tr.model.save_pretrained(sft_dir)
     processor.save_pretrained(sft_dir)
     print(f"sft {args.sft_steps} steps {results['sft_s_per_step']:.2f}s/step", flush=True)
-results["sft"] = ev(sft_dir, held, tag="sft")
-results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
-results["sft_train"] = ev(sft_dir, train, tag="sft on the training tasks")
+if "sft_train" in results:  # reused with its evaluations
+    print(f"sft (reused): held-out {results['sft']:.3f}", flush=True)
+else:
+    results["sft"] = ev(sft_dir, held, tag="sft")
+    results["sft_blank"] = ev(sft_dir, held, BlankFirst(LocalBackend()), tag="sft blank")
+    results["sft_train"] = ev(sft_dir, train, tag="sft on the training tasks")
 (out / "sft_results.json").write_text(
     json.dumps({k: v for k, v in results.items() if k.startswith("sft") or k == "pinned"}, indent=1)
 )

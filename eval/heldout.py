@@ -122,7 +122,7 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                 # Every call of the reply, in order, each one action of max_steps: what TRL
                 # does in training (it runs all tool calls of a turn; trainer/environment.py
                 # counts each against max_turns).
-                for call in (c["function"] for c in calls):
+                for call in (c.get("function") or {} for c in calls):
                     if turns >= protocol.max_steps or observation.done:
                         break  # the episode is over; nothing more is asked of the policy
                     turns += 1
@@ -130,11 +130,13 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                     # policy's mistake: nothing happens and it is told so, as in training, never
                     # an invalid episode and never a crash.
                     try:
-                        action = policy.tools.action_for(call["name"], call.get("arguments") or {})
+                        action = policy.tools.action_for(call.get("name"), call.get("arguments"))
                         sent.append(dict(action))
                         observation = session.step(action)
                     except ValueError as e:  # ActionRejected is a ValueError on every backend
-                        messages.append(agent.tool_message(call["name"], note=f"Refused: {e}"))
+                        messages.append(
+                            agent.tool_message(str(call.get("name")), note=f"Refused: {e}")
+                        )
                         continue
                     messages.append(agent.tool_message(call["name"], observation.screenshot))
                     if not observation.valid:

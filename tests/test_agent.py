@@ -84,6 +84,10 @@ def test_every_x_desktop_oracle_is_a_computer_13_tool_call():
         ("hotkey", {"keys": ["a", "b", "c", "d", "e"]}, "keys must name 1 to 4 keys"),
         ("wait", {"seconds": 3600}, "seconds must be 1 to 5"),
         ("wait", {"seconds": 0}, "seconds must be 1 to 5"),
+        # what a sampled call's JSON may hold in place of an object (a policy sampled `5`)
+        ("click", 5, "click: arguments must be an object, got 5"),
+        ("click", [1, 2], "arguments must be an object"),
+        ("click", {"x": 1, "y": 2, 3: 4}, "arguments must be an object"),
     ],
 )
 def test_a_bad_call_is_one_clear_error(name, arguments, message):

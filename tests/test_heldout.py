@@ -97,6 +97,18 @@ def test_refused_calls_are_told_to_the_policy_and_the_episode_goes_on(task_and_c
     assert "x must be int" in notes[1][0]["text"] or "missing" in notes[1][0]["text"]
 
 
+def test_a_call_whose_arguments_are_not_an_object_is_refused_not_a_crash(task_and_click):
+    """A sampled tool call's JSON may carry any value as its arguments (a policy in training
+    sampled `"arguments": 5`, which stopped an evaluation with a TypeError)."""
+    task, click = task_and_click
+    policy = Scripted([("click", 5), ("click", ["x", "y"]), ("click", click)])
+    result = evaluate(policy, LocalBackend(), [task], PROTOCOL)
+    (episode,) = result["episode_records"]
+    assert (episode["verdict"], episode["score"], episode["turns"]) == ("valid", 1.0, 3)
+    notes = [m["content"][0]["text"] for m in policy.seen[1:]]
+    assert all("arguments must be an object" in n for n in notes), notes
+
+
 def test_an_episode_of_refused_calls_scores_0_within_max_steps(task_and_click):
     task, _ = task_and_click
     policy = Scripted([("click", {"x": -1, "y": 5})] * 5)

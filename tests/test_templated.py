@@ -168,3 +168,51 @@ def test_template_counts_out_of_range_are_one_clear_error(tmp_path, templates):
 def test_a_family_without_templates_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="type_field.*no templated layout"):
         make_task(1, "type_field", 0, layout="templated")
+
+
+def test_a_shuffled_cue_keeps_the_task_and_says_nothing_of_its_column(templated_set):
+    """training.sft.cue: shuffled plays each demonstration with its theme drawn at random: the
+    same buttons and oracle, gates that hold, and a theme independent of the live column."""
+    from envab.envs.tasks.build import cue_shuffled
+    from envab.trainer import agent
+    from envab.trainer.sft import demonstration
+
+    tasks, solutions = templated_set
+    tools = agent.tool_set("click")
+    pairs = defaultdict(int)  # (template, theme shown)
+    for task, solution in zip(tasks, solutions, strict=True):
+        shuffled = cue_shuffled(task)
+        assert cue_shuffled(task) == shuffled  # seeded by the task id
+        window = next(e for e in shuffled["config"] if e["type"] == "window")
+        theme = window["parameters"]["theme"]
+        pairs[task["generator"]["template"], theme] += 1
+        widgets = [e for e in shuffled["config"] if e["type"] == "widget"]
+        assert widgets == [e for e in task["config"] if e["type"] == "widget"]
+        if theme != templated.CUES[task["generator"]["template"]]:
+            assert shuffled["evaluator"] != task["evaluator"]  # the gates follow the screen
+        # The environment accepts it (its gates hold) and the oracle still solves it.
+        demo = demonstration(shuffled, solution["oracle"], tools, LocalBackend())
+        assert demo[-1]["tool_calls"][0]["function"]["name"] == "done"
+    # Every template is shown under every theme: the theme no longer tells the column.
+    assert set(pairs) == {(i, cue) for i in range(2) for cue in templated.CUES[:2]}, dict(pairs)
+
+
+def test_only_a_templated_task_has_a_cue_to_shuffle():
+    from envab.envs.tasks.build import cue_shuffled
+    from envab.trainer import agent
+    from envab.trainer.guards import GuardError, HeldoutGuard
+    from envab.trainer.sft import demonstrations
+
+    task, solution = make_task(1, "click_button", 0)  # the seeded layout
+    with pytest.raises(ValueError, match="only a templated task has a screen cue"):
+        cue_shuffled(task)
+    # The warm start says so in one line, naming its setting, before any demonstration is played.
+    with pytest.raises(GuardError, match="training.sft.cue: shuffled: task click_button-s1-000"):
+        demonstrations(
+            [task],
+            {task["id"]: solution},
+            HeldoutGuard(frozenset()),
+            agent.tool_set("click"),
+            LocalBackend(),
+            cue="shuffled",
+        )

@@ -122,7 +122,12 @@ class ToolSet:
         tool = next((t for t in self.tools if t.__name__ == name), None)
         if tool is None:
             raise ValueError(f"unknown tool {name!r}; tools: {', '.join(self.names)}")
-        arguments = dict(arguments or {})
+        # A sampled call's arguments can be any JSON value: an object with text keys, or refused.
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
+            raise ValueError(f"{name}: arguments must be an object, got {arguments!r:.80}")
+        arguments = dict(arguments)
         expected = tool.__annotations__
         if missing := sorted(set(expected) - set(arguments)):
             raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}")

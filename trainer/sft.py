@@ -34,6 +34,7 @@ from pathlib import Path
 from envab import preregistration
 from envab.envs.arms import files_beside, open_arm
 from envab.envs.protocol import Backend
+from envab.envs.tasks.build import cue_shuffled
 from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, file_manifest
 from envab.io import read_jsonl
@@ -89,12 +90,20 @@ def demonstrations(
     guard: HeldoutGuard,
     tools: agent.ToolSet,
     backend: Backend,
+    cue: str = "shown",
 ) -> dict:
-    """Task id -> its demonstration, for training tasks only."""
+    """Task id -> its demonstration, for training tasks only. `cue: shuffled` plays each task with
+    its screen's cue drawn at random (envs/tasks/build.py cue_shuffled): the warm start then
+    learns the tool call and the label's row, and leaves reading the screen to GRPO."""
     guard.check_dataset(t["id"] for t in tasks)
     missing = sorted(t["id"] for t in tasks if t["id"] not in solutions)
     if missing:
         raise GuardError(f"no oracle solution for training task(s) {missing[:5]}")
+    if cue == "shuffled":
+        try:
+            tasks = [cue_shuffled(t) for t in tasks]
+        except ValueError as e:
+            raise GuardError(f"training.sft.cue: shuffled: {e}") from None
     return {t["id"]: demonstration(t, solutions[t["id"]]["oracle"], tools, backend) for t in tasks}
 
 
@@ -114,7 +123,9 @@ def train(args, console: Console) -> dict:
     tasks = list(read_jsonl(args.tasks))
     solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
     with open_arm(json.loads(args.arm), files=files_beside(args.tasks)) as backend:
-        demos = demonstrations(tasks, solutions, guard, tools, backend)
+        demos = demonstrations(
+            tasks, solutions, guard, tools, backend, settings.get("cue", "shown")
+        )
     # torch, transformers and TRL load only now: a job that refuses its inputs answers at once.
     from transformers import set_seed
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envab.envs.desktop import Desktop
+from envab.envs.desktop import Desktop, screen_of
 from envab.envs.tasks import templated
 from envab.envs.tasks.checkers import out_of_scope_digest
 from envab.envs.tasks.families import FAMILIES
@@ -42,6 +42,41 @@ LAYOUTS = ("seeded", "templated")
 def task_rng(seed: int, family: str, index: int) -> random.Random:
     """The one source of randomness of a task, independent of every other task."""
     return random.Random(int(sha256_bytes(f"{seed}/{family}/{index}".encode())[:16], 16))
+
+
+def _digests(desktop: Desktop, may_change: list[str]) -> dict:
+    """The evaluator's gates on the set-up desktop: its whole state, and the part the task's
+    actions may not change."""
+    return {
+        "initial_state_sha256": desktop.state_hash(),
+        "scope": {
+            "may_change": may_change,
+            "unchanged_sha256": out_of_scope_digest(desktop.state(), may_change),
+        },
+    }
+
+
+def cue_shuffled(task: dict) -> dict:
+    """A templated task with its window's theme (the screen's cue: which template, so which
+    column is live) drawn at random from its build's themes, seeded by the task id. The same
+    buttons in the same places, the same oracle; the screen no longer says where to click. The
+    warm start's demonstrations under `training.sft.cue: shuffled` (trainer/sft.py)."""
+    generator = task.get("generator", {})
+    if generator.get("layout") != "templated":
+        raise ValueError(
+            f"task {task['id']}: only a templated task has a screen cue to shuffle "
+            f"(its layout: {generator.get('layout', 'seeded')})"
+        )
+    themes = templated.CUES[: generator["templates"]]
+    theme = random.Random(task["id"]).choice(themes)
+    config = [
+        {**e, "parameters": {**e["parameters"], "theme": theme}} if e["type"] == "window" else e
+        for e in task["config"]
+    ]
+    desktop = Desktop(*screen_of(config))
+    desktop.setup(config)
+    gates = _digests(desktop, task["evaluator"]["scope"]["may_change"])
+    return {**task, "config": config, "evaluator": {**task["evaluator"], **gates}}
 
 
 def make_task(
@@ -70,7 +105,6 @@ def make_task(
         desktop.setup(spec.config)
     except ValueError as e:
         raise ValueError(f"{family} task {index} on a {width}x{height} screen: {e}") from None
-    initial = desktop.state()
     task_id = f"{family}-s{seed}-{index:03d}"
     task = {
         "id": task_id,
@@ -80,11 +114,7 @@ def make_task(
         "evaluator": {
             "func": spec.func,
             "options": spec.options,
-            "initial_state_sha256": desktop.state_hash(),
-            "scope": {
-                "may_change": spec.may_change,
-                "unchanged_sha256": out_of_scope_digest(initial, spec.may_change),
-            },
+            **_digests(desktop, spec.may_change),
         },
         "generator": generator,
     }
