@@ -7,8 +7,8 @@ change it: SFT warm start, then GRPO on the in-process arm) into OUT/seed<k>, th
 seed the warm start's and GRPO's held-out success with their one-sided 95 % Wilson lower bounds,
 and whether that bound reaches the registered threshold (preregistration/target.yaml), the
 crossing rule the pipeline applies at a checkpoint: at the first of the looks (`--eval-every`,
-the checkpoints a run would evaluate) or, without looks, at the end. A seed whose OUT/seed<k>/results.json exists
-is read, not rerun (`--rerun` to redo it).
+the checkpoints a run would evaluate) or, without looks, at the end. A seed whose
+OUT/seed<k>/results.json exists is read, not rerun (`--rerun` to redo it).
 
 Seed 1 tuned every recipe so far and seed 2 is embedded-default-v7/v8's task set: a fresh seed is
 neither. Evaluation defaults to four episodes per held-out task (128 for 32 tasks), as the

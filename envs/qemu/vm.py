@@ -24,6 +24,7 @@ from pathlib import Path
 from PIL import Image
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
+from qemu.qmp.protocol import ConnectError
 
 from envab.envs.lifetime import start_child
 from envab.envs.qemu.tools import require
@@ -158,7 +159,11 @@ class LineChannel:
     def __init__(self, path: Path, what: str):
         self.what = what
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(path))
+        try:
+            self.sock.connect(str(path))
+        except OSError:
+            self.sock.close()
+            raise
         self.buffer = b""
         self.next_id = 0
 
@@ -249,10 +254,39 @@ class VM:
             if time.monotonic() > deadline:
                 raise VMDied(f"qemu sockets not up after {LAUNCH_TIMEOUT_S:.0f} s")
             time.sleep(0.02)
-        self.qmp = QEMUMonitorProtocol(str(self.run_dir / "qmp.sock"))
-        self.qmp.connect()
-        self.agent = self.channel(self.run_dir / "agent.sock")
-        self.guest_agent = GuestAgentChannel(self.run_dir / "qga.sock")
+        self.qmp = self._when_listening(deadline, self._monitor)
+        self.agent = self._when_listening(deadline, self.channel, self.run_dir / "agent.sock")
+        self.guest_agent = self._when_listening(
+            deadline, GuestAgentChannel, self.run_dir / "qga.sock"
+        )
+
+    def _monitor(self) -> QEMUMonitorProtocol:
+        qmp = QEMUMonitorProtocol(str(self.run_dir / "qmp.sock"))
+        try:
+            qmp.connect()
+        except ConnectError as e:
+            if isinstance(e.exc, ConnectionRefusedError):
+                raise e.exc from e  # not listening yet: _when_listening tries again
+            raise
+        return qmp
+
+    def _when_listening(self, deadline: float, connect, *args):
+        """`connect(*args)`, again while the socket refuses. QEMU binds a socket (the file
+        appears) before it listens on it, and on a loaded host a connection in between is
+        refused: an embedded-default run died so, starting its 17th VM."""
+        while True:
+            try:
+                return connect(*args)
+            except ConnectionRefusedError:
+                if self.proc.poll() is not None:
+                    raise VMDied(
+                        f"qemu exited with {self.proc.returncode}: {self._log_tail()}"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise VMDied(
+                        f"qemu sockets not listening after {LAUNCH_TIMEOUT_S:.0f} s"
+                    ) from None
+                time.sleep(0.02)
 
     # --- monitor ----------------------------------------------------------------------------
 
