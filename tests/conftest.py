@@ -13,6 +13,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+# The shipped experiment, whose receipts and results a copy of the workflow writes: read, not
+# written out, so that registering the next version does not leave the tests naming the last.
+SHIPPED_TARGET = REPO / "preregistration" / "target.yaml"
+SHIPPED_EXP = yaml.safe_load(SHIPPED_TARGET.read_text())["experiment_id"]
 os.environ["WANDB_MODE"] = "disabled"  # no wandb files or processes from tests (inherited by jobs)
 # What a workflow run needs from the repository (code pins hash these paths too).
 WORKFLOW_PATHS = [

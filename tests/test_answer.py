@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
-EXP = "embedded-default-v8"
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP

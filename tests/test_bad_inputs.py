@@ -12,11 +12,10 @@ import sys
 import textwrap
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.envs.arms import ArmError, open_arm
 from envab.envs.host import serve_embedded, write_token_file
-
-EXP = "embedded-default-v8"
 
 
 def env_ab_lines(result) -> list[str]:

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.config import ConfigError, load_config, selected_runs
 from envab.preregistration import Preregistration
@@ -72,7 +73,10 @@ def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
             "equivalence.margin_fraction: 1 is greater than or equal to the maximum of 1",
         ),
         (
-            lambda t: t.update(equivalence={"reference_start": 0.8, "margin_fraction": 0.5}),
+            lambda t: (
+                t["target"].update(threshold=0.7),
+                t.update(equivalence={"reference_start": 0.8, "margin_fraction": 0.5}),
+            ),
             "equivalence.reference_start: 0.8 is not below the threshold 0.7",
         ),
         (
@@ -109,7 +113,7 @@ def two_seeds(workflow):
     return workflow
 
 
-RUN = "results/embedded-default-v8/{}/seed{}/pins.json"
+RUN = f"results/{EXP}/{{}}/seed{{}}/pins.json"
 
 
 @pytest.mark.parametrize(

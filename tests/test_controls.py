@@ -173,10 +173,14 @@ def test_a_corruption_control_passes_only_when_every_seed_diverges(tmp_path):
 # -- registration -------------------------------------------------------------------------------
 
 
-def registered(tmp_path, controls, equivalence=True) -> Path:
+def registered(tmp_path, controls, equivalence=True, budget=None) -> Path:
+    """The shipped target with these controls, an equivalence reference below its threshold and
+    (where given) this budget."""
     target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
     target["controls"] = controls
-    target["equivalence"] = {"reference_start": 0.6, "margin_fraction": 0.5}
+    start = target["target"]["threshold"] / 2
+    target["equivalence"] = {"reference_start": start, "margin_fraction": 0.5}
+    target["budget"].update(budget or {})
     if not equivalence:
         del target["equivalence"]
     path = tmp_path / "target.yaml"
@@ -239,7 +243,7 @@ def test_a_handicap_is_judged_where_the_base_run_reached_the_target_confirmed(tm
     [
         # 2048 valid / 8 per fork group = 256 set-ups x 5 s = 1280 s: past 1200 s alone
         ({"reset_delay_s": 5.0}, r"5 s x 256 set-ups .* = 1280 s added, 1600 s at its tolerance"),
-        # v8's 2 s fits alone (640 s at its tolerance), not beside a plain arm at 694.3 s
+        # 2 s fits alone (640 s at its tolerance), not beside a plain arm at 694.3 s
         (
             {"reset_delay_s": 2.0, "base_wall_clock_s": 694.3},
             r"694.3 s \(the base arm's pilot\) \+ 640 s = 1334.3 s exceeds .* 1200 s",
@@ -254,10 +258,11 @@ def test_a_handicap_that_cannot_fit_the_budget_is_refused_at_freeze(tmp_path, ch
     setups = setups_per_valid(config["arms"], config["training"]["grpo"]["num_generations"])
     assert setups["drums"] == 1 / 8 and setups["qemu"] == 1.0
     fits = Preregistration.load(REPO / "preregistration" / "target.yaml")
-    fits.check_budget_fit(setups)  # the shipped handicap: 2 s x 256 = 512 s, 640 s < 1200 s
-    path = registered(
-        tmp_path, [{"name": "handicap", "arm": "drums", "expect": "slower", **change}]
-    )
+    fits.check_budget_fit(setups)  # the shipped handicap fits the shipped budget
+    # The budget these figures are sized against, whatever the shipped one is.
+    budget = {"max_wall_clock_s": 1200, "max_valid_trajectories": 2048}
+    handicap = {"name": "handicap", "arm": "drums", "expect": "slower", **change}
+    path = registered(tmp_path, [handicap], budget=budget)
     with pytest.raises(ConfigError, match=message):
         Preregistration.load(path).check_budget_fit(setups)
     receipt = tmp_path / "receipts" / "preregistration.json"

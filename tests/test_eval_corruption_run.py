@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
-EXP = "embedded-default-v8"
 RESULTS = Path("results") / EXP
 
 pytestmark = pytest.mark.integration

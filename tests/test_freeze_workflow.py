@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.hashing import sha256_file
 from envab.receipts import read_receipt
 
-EXP = "embedded-default-v8"
 RECEIPTS = Path("receipts") / EXP
 RESULTS = Path("results") / EXP
 
@@ -67,7 +67,7 @@ def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
     frozen.edit_target(lambda t: t["target"].update(threshold=0.9))
     result = frozen.snakemake()
     assert result.returncode != 0
-    assert "was edited after experiment 'embedded-default-v8' was frozen" in result.stderr
+    assert f"was edited after experiment '{EXP}' was frozen" in result.stderr
     assert "new experiment_id" in result.stderr
     assert receipt.read_bytes() == before
     # A stage run outside Snakemake checks the frozen digest too.

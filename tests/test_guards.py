@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.receipts import FREEZE_RECEIPTS, Receipts
 from envab.trainer.guards import (
@@ -16,8 +17,8 @@ from envab.trainer.guards import (
     heldout_ids,
 )
 
-RECEIPTS = "receipts/embedded-default-v8"
-PINS = "results/embedded-default-v8/drums/seed1/pins.json"
+RECEIPTS = f"receipts/{EXP}"
+PINS = f"results/{EXP}/drums/seed1/pins.json"
 
 
 def frozen_receipts(root) -> Receipts:
@@ -60,8 +61,7 @@ def test_pins_made_against_other_receipts_are_refused(frozen):
 def test_heldout_ids_never_reach_the_trainer(frozen):
     heldout = heldout_ids(frozen_receipts(frozen.root))
     train = [
-        json.loads(line)["id"]
-        for line in (frozen.root / "results/embedded-default-v8/tasks/train.jsonl").open()
+        json.loads(line)["id"] for line in (frozen.root / f"results/{EXP}/tasks/train.jsonl").open()
     ]
     guard = HeldoutGuard(heldout)
     guard.check_dataset(train)

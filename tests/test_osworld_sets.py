@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.envs.tasks.osworld import (
     TaskSourceError,
@@ -247,7 +248,7 @@ def test_the_workflow_freezes_what_the_registered_rule_selects(workflow):
     workflow.edit_config(config)
     result = workflow.snakemake("--until", "split")
     assert result.returncode == 0, result.stderr[-3000:]
-    exp = "embedded-default-v8"
+    exp = EXP
     receipt = json.loads((workflow.root / "receipts" / exp / "split.json").read_text())
     selection = receipt["predicate"]["selection"]
     # the infeasible task among them runs: the host scores it from the agent's last action

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.envs.tasks.osworld import TaskSourceError, load_dir, load_jsonl, original
 from envab.split import split_tasks
@@ -21,7 +22,6 @@ from envab.split import split_tasks
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "osworld"
 INDEX = FIXTURE / "test_all.json"
-EXP = "embedded-default-v8"
 
 
 def files(root: Path) -> dict[str, Path]:

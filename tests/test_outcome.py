@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import yaml
+from conftest import SHIPPED_EXP as EXP
 
 from envab.analysis import run_table
 from envab.analysis.figures import plot_curves, points
@@ -53,7 +54,7 @@ def write_run(
     pins = {
         "arm": arm,
         "seed": seed,
-        "experiment_id": "embedded-default-v8",
+        "experiment_id": EXP,
         "comparable_sha256": comparable,
         "training": {"tools": "click"},
     }
@@ -276,7 +277,7 @@ def test_run_table_from_named_files(tmp_path):
     assert table["scored"].tolist() == [True, False]
 
 
-FROZEN = "receipts/embedded-default-v8/preregistration.json"
+FROZEN = f"receipts/{EXP}/preregistration.json"
 TARGET = ["--target", "prereg/target.yaml", "--receipts", FROZEN]
 
 
@@ -341,7 +342,7 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
         "out/d/wallclock.png",
     ]
     outcome = json.loads((tmp_path / "out/a/answer.json").read_text())
-    assert outcome["experiment_id"] == "embedded-default-v8"
+    assert outcome["experiment_id"] == EXP
     assert outcome["target"] == {"metric": "heldout_success_rate", "threshold": 0.7}
     assert "  " not in outcome["question"] and outcome["question"].startswith("If only")
     assert [(r["arm"], r["seed"]) for r in outcome["runs"]] == [("restore", 1), ("drums", 1)]

@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
-EXP = "embedded-default-v8"
 RUN = Path("results") / EXP / "drums" / "seed1"
 
 

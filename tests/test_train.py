@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHIPPED_EXP as EXP
 
 from envab.hashing import file_manifest
 from envab.receipts import FREEZE_RECEIPTS
 
-EXP = "embedded-default-v8"
 RESULTS = Path("results") / EXP
 BUDGET_VALID = 8
 INTERVAL = 2

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conftest import SHIPPED_EXP as EXP
+
 from envab import verify
 from envab.receipts import FREEZE_RECEIPTS
 
-EXP = "embedded-default-v8"
 RECEIPTS = Path("receipts") / EXP
 PAGE = Path("results") / EXP / "verification.html"
 
