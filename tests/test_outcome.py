@@ -282,9 +282,10 @@ TARGET = ["--target", "prereg/target.yaml", "--receipts", FROZEN]
 
 
 def frozen_target(root: Path, monkeypatch) -> Path:
-    """The shipped pre-registration with this test's arms, frozen under `root` (the working
-    directory, where the outcome CLI looks for the receipt)."""
+    """The shipped pre-registration with this test's arms and a 0.7 threshold, frozen under `root`
+    (the working directory, where the outcome CLI looks for the receipt)."""
     target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
+    target["target"]["threshold"] = 0.7
     target["arms"] = ["restore", "drums"]
     target["prices"]["host_usd_per_hour"] = {"restore": 0.1, "drums": 0.1}
     target["evaluation"]["backend"] = "restore"
