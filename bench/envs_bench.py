@@ -31,6 +31,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from envab.envs.arms import open_arm
@@ -110,9 +111,10 @@ def memory_per_env(backend, task, group: int) -> float:
 
 def timed_cell(parallel: int, seconds: float, rollouts) -> dict:
     """`parallel` workers for `seconds`, worker k calling `rollouts(i)` for i = k, k + parallel,
-    ...; each call yields (valid, scored 1) per rollout. A worker that fails stops the cell: its
-    error is raised, never counted as zero rollouts."""
+    ...; each call yields (valid, scored 1, why invalid) per rollout. A worker that fails stops
+    the cell: its error is raised, never counted as zero rollouts."""
     counts = {"valid": 0, "invalid": 0, "success": 0}
+    reasons: Counter[str] = Counter()  # an invalid attempt's verdict and failed gates
     lock = threading.Lock()
     errors: list[BaseException] = []
     deadline = time.monotonic() + seconds
@@ -121,10 +123,11 @@ def timed_cell(parallel: int, seconds: float, rollouts) -> dict:
         i = k
         try:
             while time.monotonic() < deadline and not errors:
-                for valid, success in rollouts(i):
+                for valid, success, reason in rollouts(i):
                     with lock:
                         counts["valid" if valid else "invalid"] += 1
                         counts["success"] += valid and success
+                        reasons.update([reason] if not valid else [])
                 i += parallel
         except BaseException as e:  # raised by the caller
             errors.append(e)
@@ -138,7 +141,12 @@ def timed_cell(parallel: int, seconds: float, rollouts) -> dict:
     if errors:
         raise errors[0]
     elapsed = time.perf_counter() - t0
-    return {**counts, "seconds": elapsed, "per_host_hour": counts["valid"] / elapsed * 3600}
+    return {
+        **counts,
+        "invalid_reasons": dict(reasons),
+        "seconds": elapsed,
+        "per_host_hour": counts["valid"] / elapsed * 3600,
+    }
 
 
 def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) -> dict:
@@ -152,7 +160,7 @@ def rollouts(backend, tasks, oracle, parallel: int, seconds: float, group: int) 
                 for action in oracle[task["id"]]:
                     session.step(action)
                 v = session.verify()
-                yield v.valid, v.score == 1.0
+                yield v.valid, v.score == 1.0, " ".join([v.verdict, *v.failed_gates])
         finally:
             for session in sessions:
                 session.close()
@@ -227,6 +235,7 @@ def render(results: dict) -> str:
         "|---|" + "---:|" * len(PARALLEL),
     ]
     valid = invalid = success = 0
+    reasons: Counter[str] = Counter()
     for name, r in arms.items():
         row = []
         for n in PARALLEL:
@@ -235,11 +244,14 @@ def render(results: dict) -> str:
             if cell:
                 valid, invalid = valid + cell["valid"], invalid + cell["invalid"]
                 success += cell["success"]
+                why = cell.get("invalid_reasons", {})  # absent from runs written before it
+                reasons.update({f"{name}: {k}": v for k, v in why.items()})
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += [
         "",
         f"valid rollouts per host-hour, oracle policy; {valid} valid ({success} scored 1), "
         f"{invalid} invalid; '-': not measured (the QEMU pool is driven from one thread)",
+        *(f"invalid, {why}: {n}" for why, n in sorted(reasons.items())),
     ]
     return "\n".join(lines)
 

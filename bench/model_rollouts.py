@@ -43,7 +43,7 @@ def cell(policy, backend, tasks, protocol: Protocol, parallel: int, seconds: flo
 
     def episode(i: int):
         e = play(policy, backend, tasks[i % len(tasks)], protocol, seed=i)
-        yield e["verdict"] == "valid", e["score"] == 1.0
+        yield e["verdict"] == "valid", e["score"] == 1.0, e["verdict"]
 
     generation_before = policy.generation_s
     counts = timed_cell(parallel, seconds, episode)
