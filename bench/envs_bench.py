@@ -127,7 +127,8 @@ def timed_cell(parallel: int, seconds: float, rollouts) -> dict:
                     with lock:
                         counts["valid" if valid else "invalid"] += 1
                         counts["success"] += valid and success
-                        reasons.update([reason] if not valid else [])
+                        if not valid:
+                            reasons[reason] += 1
                 i += parallel
         except BaseException as e:  # raised by the caller
             errors.append(e)

@@ -73,9 +73,9 @@ def test_bad_config_value_is_one_clear_line(workflow, edit, expected):
             "equivalence.margin_fraction: 1 is greater than or equal to the maximum of 1",
         ),
         (
-            lambda t: (
-                t["target"].update(threshold=0.7),
-                t.update(equivalence={"reference_start": 0.8, "margin_fraction": 0.5}),
+            lambda t: t.update(
+                target={**t["target"], "threshold": 0.7},
+                equivalence={"reference_start": 0.8, "margin_fraction": 0.5},
             ),
             "equivalence.reference_start: 0.8 is not below the threshold 0.7",
         ),

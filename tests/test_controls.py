@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from conftest import SHIPPED_TARGET
 from test_outcome import write_run
 
 from envab.analysis.controls import judge, render_markdown, setups_before
@@ -176,7 +177,7 @@ def test_a_corruption_control_passes_only_when_every_seed_diverges(tmp_path):
 def registered(tmp_path, controls, equivalence=True, budget=None) -> Path:
     """The shipped target with these controls, an equivalence reference below its threshold and
     (where given) this budget."""
-    target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
+    target = yaml.safe_load(SHIPPED_TARGET.read_text())
     target["controls"] = controls
     start = target["target"]["threshold"] / 2
     target["equivalence"] = {"reference_start": start, "margin_fraction": 0.5}
@@ -257,7 +258,7 @@ def test_a_handicap_that_cannot_fit_the_budget_is_refused_at_freeze(tmp_path, ch
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     setups = setups_per_valid(config["arms"], config["training"]["grpo"]["num_generations"])
     assert setups["drums"] == 1 / 8 and setups["qemu"] == 1.0
-    fits = Preregistration.load(REPO / "preregistration" / "target.yaml")
+    fits = Preregistration.load(SHIPPED_TARGET)
     fits.check_budget_fit(setups)  # the shipped handicap fits the shipped budget
     # The budget these figures are sized against, whatever the shipped one is.
     budget = {"max_wall_clock_s": 1200, "max_valid_trajectories": 2048}

@@ -248,8 +248,7 @@ def test_the_workflow_freezes_what_the_registered_rule_selects(workflow):
     workflow.edit_config(config)
     result = workflow.snakemake("--until", "split")
     assert result.returncode == 0, result.stderr[-3000:]
-    exp = EXP
-    receipt = json.loads((workflow.root / "receipts" / exp / "split.json").read_text())
+    receipt = json.loads((workflow.root / "receipts" / EXP / "split.json").read_text())
     selection = receipt["predicate"]["selection"]
     # the infeasible task among them runs: the host scores it from the agent's last action
     assert selection == {"rule": {"runnable": True}, "world": "xdesktop", "selected": 5,

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import SHIPPED_EXP as EXP
+from conftest import SHIPPED_TARGET
 
 from envab.analysis import run_table
 from envab.analysis.figures import plot_curves, points
@@ -265,7 +266,7 @@ def test_run_table_from_named_files(tmp_path):
     files = write_run(tmp_path, "drums", 1, [0.25, 0.5], 1.0)
     out = tmp_path / "curve.csv"
     evals = [str(e) for e in files["evaluations"][:1]]  # the second checkpoint not evaluated
-    argv = ["--target", str(REPO / "preregistration" / "target.yaml")]
+    argv = ["--target", str(SHIPPED_TARGET)]
     argv += ["--pins", str(files["pins"]), "--checkpoints", str(files["checkpoints"])]
     argv += ["--run", str(files["run"]), "--evals", *evals, "--out", str(out)]
     argv += ["--wandb-dir", str(tmp_path / "wandb")]
@@ -284,7 +285,7 @@ TARGET = ["--target", "prereg/target.yaml", "--receipts", FROZEN]
 def frozen_target(root: Path, monkeypatch) -> Path:
     """The shipped pre-registration with this test's arms and a 0.7 threshold, frozen under `root`
     (the working directory, where the outcome CLI looks for the receipt)."""
-    target = yaml.safe_load((REPO / "preregistration" / "target.yaml").read_text())
+    target = yaml.safe_load(SHIPPED_TARGET.read_text())
     target["target"]["threshold"] = 0.7
     target["arms"] = ["restore", "drums"]
     target["prices"]["host_usd_per_hour"] = {"restore": 0.1, "drums": 0.1}
