@@ -53,11 +53,13 @@ evaluation is the base run's, reused (eval/reuse.py: the same checkpoint files);
 it is played.
 
 The added wall-clock (slower): at the base run's accepted crossing (its last checkpoint if it
-never crossed) the control's wall-clock minus the base's is reset_delay_s x the environment
-set-ups the control made before that checkpoint, counted from its trajectories (one per fork
-group; one per attempt on an arm that does not fork), within `tolerance`. The A/A's wall-clock
-ratio there is this machine's timing noise floor (shown, not judged: one draw per seed). Every
-run's reward consistency is shown whatever the rules: a flaky verifier is a finding on its own.
+never crossed; the control's last checkpoint where the control's own trajectory budget,
+`max_valid_trajectories`, stopped it before that) the control's wall-clock minus the base's is
+reset_delay_s x the environment set-ups the control made before that checkpoint, counted from
+its trajectories (one per fork group; one per attempt on an arm that does not fork), within
+`tolerance`. The A/A's wall-clock ratio there is this machine's timing noise floor (shown, not
+judged: one draw per seed). Every run's reward consistency is shown whatever the rules: a flaky
+verifier is a finding on its own.
 """
 
 from __future__ import annotations
@@ -123,14 +125,24 @@ def _judged_checkpoint(base: RunRecords, prereg: Preregistration) -> tuple[str |
 
 
 def _timing(control: Control, base: RunRecords, run: RunRecords, prereg) -> dict:
-    """Wall-clock of the control's run against the base run's at the base's judged checkpoint."""
+    """Wall-clock of the control's run against the base run's at the base's judged checkpoint,
+    or at the control's last checkpoint where the control's own budget stopped it before."""
     name, reached = _judged_checkpoint(base, prereg)
-    at_base = {c["checkpoint"]: c for c in base.checkpoints}.get(name)
-    at_control = {c["checkpoint"]: c for c in run.checkpoints}.get(name)
+    base_at = {c["checkpoint"]: c for c in base.checkpoints}
+    control_at = {c["checkpoint"]: c for c in run.checkpoints}
+    at_base, at_control = base_at.get(name), control_at.get(name)
+    judged_at = "base_crossing" if reached else "base_last"
+    if at_base is not None and at_control is None:
+        shared = [c for c in run.checkpoints if c["checkpoint"] in base_at]
+        last = max(shared, key=lambda c: c["valid_trajectories"], default=None)
+        if last is not None and last["valid_trajectories"] < at_base["valid_trajectories"]:
+            name, judged_at = last["checkpoint"], "control_last"
+            at_base, at_control = base_at[name], last
     if at_base is None or at_control is None or not at_base["wall_clock_s"]:
         return {"checkpoint": name, "verdict": "not compared", "reason": "no shared checkpoint"}
     timing = {
         "checkpoint": name,
+        "judged_at": judged_at,
         "base_reached_target": reached,
         "base_wall_clock_s": at_base["wall_clock_s"],
         "control_wall_clock_s": at_control["wall_clock_s"],
@@ -509,6 +521,7 @@ def _header(control: Control) -> dict:
         "runs_as": control.run_arm,
         "expect": control.expect,
         "change": control.arm_config({}).get("control", {}),
+        "max_valid_trajectories": control.max_valid_trajectories,  # None: the A/B's budget
     }
 
 
@@ -614,7 +627,8 @@ def _observed(seed: dict) -> str:
         div = f"never ({n} step{'' if n == 1 else 's'})"
     parts = [f"seed {seed['seed']}: {div}"]
     if "ratio" in t:
-        parts.append(f"time x{t['ratio']:.2f} at {t['checkpoint']}")
+        last = " (the control's last)" if t.get("judged_at") == "control_last" else ""
+        parts.append(f"time x{t['ratio']:.2f} at {t['checkpoint']}{last}")
     if "predicted_added_s" in t:
         parts.append(
             f"added {t['added_s']:.1f} s against {t['predicted_added_s']:.1f} s predicted "
@@ -684,6 +698,8 @@ def render_markdown(judgements: list[dict], determinism: dict | None = None) -> 
         )
     for j in judgements:
         change = ", ".join(f"{k} {v}" for k, v in j["change"].items() if k != "seed") or "none"
+        if j.get("max_valid_trajectories"):
+            change += f"; {j['max_valid_trajectories']:,} valid trajectories"
         observed = "<br>".join(_observed(s) for s in j.get("seeds", [])) or j.get("reason", "")
         if j.get("reasons"):
             observed += "<br>" + "; ".join(j["reasons"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from envab import anchor
@@ -206,6 +206,7 @@ class Control:
     seed: int = CONTROL_DEFAULTS["seed"]
     tolerance: float = CONTROL_DEFAULTS["tolerance"]
     base_wall_clock_s: float | None = None  # a pilot's measure (slower only): check_budget_fit
+    max_valid_trajectories: int | None = None  # its own trajectory budget; None: the A/B's
 
     @property
     def run_arm(self) -> str:
@@ -346,6 +347,16 @@ class Preregistration:
                 raise ConfigError(f"{where}: arm {control.arm!r} is not one of {list(self.arms)}")
             if control.run_arm in self.arms:
                 raise ConfigError(f"{where}: its runs' name {control.run_arm!r} is an arm's")
+            own = control.max_valid_trajectories
+            if own is not None:
+                interval = self.evaluation.checkpoint_interval
+                if own > self.budget.max_valid_trajectories or own % interval:
+                    raise ConfigError(
+                        f"{where}: max_valid_trajectories {own} must be a multiple of "
+                        f"evaluation.checkpoint_interval ({interval}) no larger than "
+                        f"budget.max_valid_trajectories ({self.budget.max_valid_trajectories}): "
+                        "a control is compared with its base run at checkpoints both have"
+                    )
             needed = CONTROL_CHANGE[control.expect]
             given = {
                 k for k in ("reset_delay_s", "flip_rewards", "flip_eval") if getattr(control, k)
@@ -364,9 +375,9 @@ class Preregistration:
 
         `setups_per_valid`: per arm, the fewest environment set-ups a valid trajectory costs
         (1 / num_generations where the arm forks a group from one set-up, 1 where every attempt
-        is set up), so the added time below is a lower bound. The handicapped run must reach the
-        base run's judged checkpoint (its last, when the base never crosses) within
-        max_wall_clock_s, with the added time up to `tolerance` above the prediction:
+        is set up), so the added time below is a lower bound. The handicapped run must reach
+        its own last checkpoint (budget_for: its own trajectory budget) within max_wall_clock_s,
+        with the added time up to `tolerance` above the prediction:
         base_wall_clock_s + (1 + tolerance) x reset_delay_s x set-ups <= max_wall_clock_s. The
         base arm's time is known at freeze only from a pilot (`base_wall_clock_s`); without it
         only the added time is checked (it alone must fit)."""
@@ -376,7 +387,7 @@ class Preregistration:
             per_valid = setups_per_valid.get(control.arm)
             if per_valid is None:
                 raise ConfigError(f"controls: {control.name}: no set-up count for {control.arm}")
-            valid = self.budget.max_valid_trajectories
+            valid = self.budget_for(control.run_arm).max_valid_trajectories
             setups = valid * per_valid
             added = control.reset_delay_s * setups
             worst = (1 + control.tolerance) * added
@@ -395,6 +406,14 @@ class Preregistration:
                     "run could run out of budget before the checkpoint it is judged at. Register "
                     "a smaller reset_delay_s or a larger budget."
                 )
+
+    def budget_for(self, run_arm: str) -> Budget:
+        """The budget a run under `run_arm` trains to: the A/B's, with a control's own
+        max_valid_trajectories where it registers one."""
+        for control in self.controls:
+            if control.run_arm == run_arm and control.max_valid_trajectories is not None:
+                return replace(self.budget, max_valid_trajectories=control.max_valid_trajectories)
+        return self.budget
 
     def as_dict(self) -> dict:
         """A plain copy (for the report's workflow description)."""

@@ -40,7 +40,7 @@ def answered(tmp_path_factory, make_workflow):
         )
 
     def target(t):
-        t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
+        t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8)
         # One evaluation seed: 8 held-out episodes per checkpoint.
         t["evaluation"].update(checkpoint_interval=4, max_steps=1, seeds=[0])
         t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})
@@ -49,10 +49,12 @@ def answered(tmp_path_factory, make_workflow):
         # the first step whatever the draw. 20 s per set-up: the handicap's two set-ups must add
         # far more than the tiny run's noise (its one step took 8 to 12 s in runs alike, and
         # with 10 s per set-up a run came out 5.2 s short of 20, outside the 25 % tolerance).
+        # Each on its own budget, half the A/B's: judged over the step and checkpoint both have.
+        own = {"max_valid_trajectories": 4}
         t["controls"] = [
-            {"name": "aa", "arm": "drums", "expect": "same"},
-            {"name": "handicap", "arm": "drums", "expect": "slower", "reset_delay_s": 20},
-            {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 1.0},
+            {"name": "aa", "arm": "drums", "expect": "same", **own},
+            {"name": "handicap", "arm": "drums", "expect": "slower", "reset_delay_s": 20, **own},
+            {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 1.0, **own},
         ]
 
     def token(c):
@@ -128,7 +130,7 @@ def test_the_console_shows_each_jobs_log_and_progress(answered):
         in console
     )
     assert any(
-        line.startswith("[train restore seed1] checkpoint valid-000004: 4/4 valid (100%)")
+        line.startswith("[train restore seed1] checkpoint valid-000008: 8/8 valid (100%)")
         and "ETA" in line
         for line in console
     )
@@ -198,6 +200,16 @@ def test_the_controls_ran_beside_the_a_b_with_their_registered_verdicts(answered
     assert by_name["corruption"]["seeds"][0]["divergence"]["step"] == 1
     handicap = by_name["handicap"]["seeds"][0]["timing"]
     assert handicap["setups"] == 2 and handicap["predicted_added_s"] == 40.0, handicap
+    # The controls stopped at their own budget (4), the A/B's runs at its (8): the handicap is
+    # judged at its own last checkpoint unless the base crossed there already.
+    if not handicap["base_reached_target"] or handicap["checkpoint"] != "valid-000004":
+        assert handicap["judged_at"] == "control_last", handicap
+    assert handicap["checkpoint"] == "valid-000004"
+    for arm, budget in (("drums", 8), *((f"drums-{c}", 4) for c in by_name)):
+        final = json.loads((answered.root / RESULTS / arm / "seed1" / "run.json").read_text())
+        assert budget <= final["valid_trajectories"] < 2 * budget, (arm, final)
+        assert final["stop_reason"] == "max_valid_trajectories"
+    assert by_name["aa"]["seeds"][0]["divergence"]["steps_only_in"]["baseline"] >= 1
     assert (answered.root / RESULTS / "drums-handicap" / "seed1" / "curve.csv").is_file()
     table = (answered.root / RESULTS / "controls.md").read_text()
     assert "| handicap | drums-handicap | reset_delay_s 20 |" in table

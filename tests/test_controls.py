@@ -171,6 +171,53 @@ def test_a_corruption_control_passes_only_when_every_seed_diverges(tmp_path):
     assert judge(corrupt, [base], [missed], PREREG)["verdict"] == "NOT as expected"
 
 
+def test_a_control_on_its_own_budget_is_judged_over_what_both_runs_have(tmp_path):
+    """A control registered with fewer valid trajectories than the A/B stops at its first
+    checkpoint (32 valid, 1 invalid: 33 attempts, 5 set-ups of 8) before the base run's crossing
+    at the second: its divergence is compared over the steps both ran, and a handicap's added time
+    at its own last checkpoint (2 s x 5 set-ups = 10 s)."""
+    base = run(tmp_path / "a", "drums", RATES, 1.0)
+    slower = Control("handicap", "drums", "slower", reset_delay_s=2.0, max_valid_trajectories=32)
+    short = run(tmp_path / "b", "drums-handicap", RATES[:1], 42 / 32, steps=STEPS[:1])
+    result = judge(slower, [base], [short], PREREG)
+    timing = result["seeds"][0]["timing"]
+    assert (timing["checkpoint"], timing["judged_at"]) == ("ckpt-001", "control_last")
+    assert (timing["setups"], timing["predicted_added_s"]) == (5, 10.0)
+    assert timing["added_s"] == pytest.approx(10.0)
+    divergence = result["seeds"][0]["divergence"]
+    assert divergence["verdict"] == "never" and divergence["steps_compared"] == 1
+    assert divergence["steps_only_in"]["baseline"] == len(STEPS) - 1
+    assert result["verdict"] == "as expected"
+    table = render_markdown([result])
+    assert "at ckpt-001 (the control's last)" in table and "32 valid trajectories" in table
+    unchanged = run(tmp_path / "c", "drums-handicap", RATES[:1], 1.0, steps=STEPS[:1])
+    assert judge(slower, [base], [unchanged], PREREG)["verdict"] == "NOT as expected"
+    # The A/A and the corruption on the same short budget: a replay over its one step, and a
+    # divergence at step 1.
+    aa = Control("aa", "drums", "same", max_valid_trajectories=32)
+    replay = run(tmp_path / "d", "drums-aa", RATES[:1], 1.0, steps=STEPS[:1])
+    assert judge(aa, [base], [replay], PREREG)["verdict"] == "as expected"
+    parted = [{**STEPS[0], "rewards": "flipped"}]
+    flipped = run(tmp_path / "e", "drums-corruption", RATES[:1], 1.0, steps=parted)
+    corrupt = Control("corruption", "drums", "differ", flip_rewards=0.25, max_valid_trajectories=32)
+    assert judge(corrupt, [base], [flipped], PREREG)["verdict"] == "as expected"
+    missed = run(tmp_path / "f", "drums-corruption", RATES[:1], 1.0, steps=STEPS[:1])
+    assert judge(corrupt, [base], [missed], PREREG)["verdict"] == "NOT as expected"
+
+
+def test_a_control_trains_to_its_own_budget_and_every_other_run_to_the_a_bs(tmp_path):
+    interval = yaml.safe_load(SHIPPED_TARGET.read_text())["evaluation"]["checkpoint_interval"]
+    controls = [
+        {"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": interval},
+        {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 0.1},
+    ]
+    prereg = Preregistration.load(registered(tmp_path, controls))
+    assert prereg.budget_for("drums-aa").max_valid_trajectories == interval
+    assert prereg.budget_for("drums-aa").max_wall_clock_s == prereg.budget.max_wall_clock_s
+    assert prereg.budget_for("drums-corruption") == prereg.budget
+    assert prereg.budget_for("drums") == prereg.budget
+
+
 # -- registration -------------------------------------------------------------------------------
 
 
@@ -201,6 +248,16 @@ def registered(tmp_path, controls, equivalence=True, budget=None) -> Path:
         ),
         ([{"name": "aa", "arm": "drums", "expect": "same"}] * 2, True, "used twice"),
         ([{"name": "aa", "arm": "drums", "expect": "same"}], False, "register one"),
+        (
+            [{"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": 100}],
+            True,
+            "must be a multiple of evaluation.checkpoint_interval",
+        ),
+        (
+            [{"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": 2**20}],
+            True,
+            "no larger than budget.max_valid_trajectories",
+        ),
     ],
 )
 def test_a_control_that_cannot_test_what_it_expects_is_refused(

@@ -533,7 +533,7 @@ def build_trainer(
     )
     callback = Accounting(
         run,
-        inputs.prereg.budget,
+        inputs.prereg.budget_for(inputs.arm),
         outputs,
         journal,
         restart,
@@ -644,7 +644,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
             {
                 "training": inputs.pins["training"],
                 "arm_config": public_arm_config(inputs.pins["arm_config"]),
-                "budget": asdict(inputs.prereg.budget),
+                "budget": asdict(inputs.prereg.budget_for(inputs.arm)),
             },
             directory=args.wandb_dir,
         )
