@@ -212,7 +212,7 @@ def test_the_controls_ran_beside_the_a_b_with_their_registered_verdicts(answered
     assert by_name["aa"]["seeds"][0]["divergence"]["steps_only_in"]["baseline"] >= 1
     assert (answered.root / RESULTS / "drums-handicap" / "seed1" / "curve.csv").is_file()
     table = (answered.root / RESULTS / "controls.md").read_text()
-    assert "| handicap | drums-handicap | reset_delay_s 20 |" in table
+    assert "| handicap | drums-handicap | reset_delay_s 20; 4 valid trajectories |" in table
 
 
 def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
@@ -232,11 +232,15 @@ def test_every_checkpoint_was_evaluated_on_the_registered_backend(answered):
 
 def test_an_identical_checkpoint_is_played_once_and_reused_by_every_run_that_saved_it(answered):
     evaluations = {}  # the files a checkpoint holds -> the evaluation records of every run's copy
+    starting = set()  # the files of each run's first checkpoint, the starting model
     for run_dir in sorted((answered.root / RESULTS).glob("*/seed1")):
         for line in (run_dir / "checkpoints.jsonl").open():
             saved = json.loads(line)
             record = json.loads((run_dir / "eval" / f"{saved['checkpoint']}.json").read_text())
-            evaluations.setdefault(json.dumps(saved["files"], sort_keys=True), []).append(record)
+            files = json.dumps(saved["files"], sort_keys=True)
+            evaluations.setdefault(files, []).append(record)
+            if saved["valid_trajectories"] == 0:
+                starting.add(files)
     for records in evaluations.values():
         played = [r for r in records if not r["reused"]]
         assert len(played) == 1, [r["evaluated_for"] for r in records]
@@ -247,7 +251,8 @@ def test_an_identical_checkpoint_is_played_once_and_reused_by_every_run_that_sav
             assert record["wall_s"] == played[0]["wall_s"]  # what evaluating it costs, once
     # The starting model is the first checkpoint of all five runs (the A/B's two, the controls'
     # three): one evaluation, four reused.
-    assert max(len(records) for records in evaluations.values()) == 5
+    (model,) = starting
+    assert len(evaluations[model]) == 5
     outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
     assert sum(r["reused_evaluations"] for r in outcome["runs"]) >= 1
 
