@@ -17,6 +17,18 @@ REPO = Path(__file__).resolve().parent.parent
 # written out, so that registering the next version does not leave the tests naming the last.
 SHIPPED_TARGET = REPO / "preregistration" / "target.yaml"
 SHIPPED_EXP = yaml.safe_load(SHIPPED_TARGET.read_text())["experiment_id"]
+
+
+def shrink_budget(target: dict, *, valid: int, wall_clock_s: float, interval: int) -> None:
+    """A tiny budget and checkpoint interval for a copy of the shipped target. Its controls'
+    own budgets are sized for the shipped budget, so they go: each control then trains to the
+    tiny budget (a control's own budget has tests of its own, tests/test_controls.py)."""
+    target["budget"].update(max_wall_clock_s=wall_clock_s, max_valid_trajectories=valid)
+    target["evaluation"]["checkpoint_interval"] = interval
+    for control in target.get("controls", []):
+        control.pop("max_valid_trajectories", None)
+
+
 os.environ["WANDB_MODE"] = "disabled"  # no wandb files or processes from tests (inherited by jobs)
 # What a workflow run needs from the repository (code pins hash these paths too).
 WORKFLOW_PATHS = [

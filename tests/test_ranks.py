@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHIPPED_EXP as EXP
+from conftest import shrink_budget
 
 RUN = Path("results") / EXP / "drums" / "seed1"
 
@@ -31,8 +32,7 @@ def two_processes(tmp_path_factory, make_workflow):
         c["training"]["compute"] = {"processes": 2}
 
     def target(t):
-        t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8)
-        t["evaluation"]["checkpoint_interval"] = 4
+        shrink_budget(t, valid=8, wall_clock_s=600, interval=4)
 
     workflow.edit_config(config)
     workflow.edit_target(target)

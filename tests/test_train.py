@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHIPPED_EXP as EXP
+from conftest import shrink_budget
 
 from envab.hashing import file_manifest
 from envab.receipts import FREEZE_RECEIPTS
@@ -71,8 +72,7 @@ def tiny(workflow) -> None:
         )
 
     def target(t):
-        t["budget"].update(max_wall_clock_s=900, max_valid_trajectories=BUDGET_VALID)
-        t["evaluation"]["checkpoint_interval"] = INTERVAL
+        shrink_budget(t, valid=BUDGET_VALID, wall_clock_s=900, interval=INTERVAL)
 
     workflow.embedded_arms()
     workflow.edit_config(config)
