@@ -3,7 +3,7 @@ in each of its sandboxes (gVisor, a namespace sandbox of bubblewrap and seccomp,
 and the restore host in OCI containers (runc).
 
     python bench/envs_bench.py [--arms qemu gvisor namespaces process runc] [--seconds 20]
-                               [--group 8] [--out FILE.json]
+                               [--group 8] [--out FILE.json] [--host-logs DIR]
 
 Prints, per arm, in one run (compare ratios within a run: timings on a shared 2-core machine
 move about 20 % between runs):
@@ -173,7 +173,8 @@ def bench_arm(name: str, args, tasks, oracle) -> dict:
     arm = dict(ARMS[name])
     result: dict = {"arm": arm}
     t0 = time.perf_counter()
-    with open_arm(arm) as backend:
+    log = str(args.host_logs / f"{name}.log") if args.host_logs else None
+    with open_arm(arm, log_path=log) as backend:
         backend.create(tasks[0]).close()  # warm: a guest booted, a template checkpointed
         result["warm_up_s"] = time.perf_counter() - t0
         lat = measure_latency(backend, tasks, oracle, args.rounds, args.group)
@@ -200,12 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10, help="latency rounds per arm")
     p.add_argument("--group", type=int, default=8, help="GRPO group size (fork children)")
     p.add_argument("--out", type=Path, help="also write the numbers as JSON")
+    p.add_argument(
+        "--host-logs",
+        type=Path,
+        help="an embedded host's output to DIR/<arm>.log (why an attempt failed its gate)",
+    )
     args = p.parse_args(argv)
+    if args.host_logs:
+        args.host_logs.mkdir(parents=True, exist_ok=True)
 
     tasks, solutions = build(seed=args.seed, per_family=args.per_family)
     oracle = {s["id"]: s["oracle"] for s in solutions}
     results = {
-        "args": vars(args) | {"out": None},
+        "args": vars(args) | {"out": None, "host_logs": None},
         "arms": {name: bench_arm(name, args, tasks, oracle) for name in args.arms},
     }
     print(render(results))
