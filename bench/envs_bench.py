@@ -80,6 +80,10 @@ def measure_latency(backend, tasks, oracle, rounds: int, group: int) -> dict[str
         t0 = time.perf_counter()
         session = backend.create(task)
         out["create"].append(time.perf_counter() - t0)
+        # A QEMU session's create in its parts: the snapshot's restore, then the guest's set-up.
+        for part in ("loadvm_s", "setup_s"):
+            if part in getattr(session, "timings", {}):
+                out.setdefault(f"create: {part[:-2]}", []).append(session.timings[part])
         sessions = [session]
         if backend.can_fork:
             t0 = time.perf_counter()
@@ -235,6 +239,11 @@ def render(results: dict) -> str:
             for op in ops
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['memory_mib_per_env']:.0f} |")
+    for name, r in arms.items():
+        parts = [(op, ms) for op, ms in r["latency"].items() if op.startswith("create: ")]
+        if parts:
+            said = ", ".join(f"{op[8:]} {ms[0]:.1f} / {ms[1]:.1f}" for op, ms in parts)
+            lines.append(f"\n{name}'s create in its parts, ms (median / p95): {said}")
     group = results["args"]["group"]
     lines += [
         "",
