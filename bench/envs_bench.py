@@ -81,9 +81,10 @@ def measure_latency(backend, tasks, oracle, rounds: int, group: int) -> dict[str
         session = backend.create(task)
         out["create"].append(time.perf_counter() - t0)
         # A QEMU session's create in its parts: the snapshot's restore, then the guest's set-up.
-        for part in ("loadvm_s", "setup_s"):
-            if part in getattr(session, "timings", {}):
-                out.setdefault(f"create: {part[:-2]}", []).append(session.timings[part])
+        timings = getattr(session, "timings", {})
+        for part in ("loadvm", "setup"):
+            if f"{part}_s" in timings:
+                out.setdefault(f"create: {part}", []).append(timings[f"{part}_s"])
         sessions = [session]
         if backend.can_fork:
             t0 = time.perf_counter()
@@ -242,7 +243,10 @@ def render(results: dict) -> str:
     for name, r in arms.items():
         parts = [(op, ms) for op, ms in r["latency"].items() if op.startswith("create: ")]
         if parts:
-            said = ", ".join(f"{op[8:]} {ms[0]:.1f} / {ms[1]:.1f}" for op, ms in parts)
+            said = ", ".join(
+                f"{op.removeprefix('create: ')} {median:.1f} / {p95:.1f}"
+                for op, (median, p95) in parts
+            )
             lines.append(f"\n{name}'s create in its parts, ms (median / p95): {said}")
     group = results["args"]["group"]
     lines += [

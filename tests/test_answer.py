@@ -202,9 +202,11 @@ def test_the_controls_ran_beside_the_a_b_with_their_registered_verdicts(answered
     assert handicap["setups"] == 2 and handicap["predicted_added_s"] == 40.0, handicap
     # The controls stopped at their own budget (4), the A/B's runs at its (8): the handicap is
     # judged at its own last checkpoint unless the base crossed there already.
-    if not handicap["base_reached_target"] or handicap["checkpoint"] != "valid-000004":
-        assert handicap["judged_at"] == "control_last", handicap
+    outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
+    (base,) = [r for r in outcome["runs"] if r["arm"] == "drums"]
+    crossed_there = base["reached"] and base["checkpoint"] == "valid-000004"
     assert handicap["checkpoint"] == "valid-000004"
+    assert handicap["judged_at"] == ("base_crossing" if crossed_there else "control_last"), handicap
     for arm, budget in (("drums", 8), *((f"drums-{c}", 4) for c in by_name)):
         final = json.loads((answered.root / RESULTS / arm / "seed1" / "run.json").read_text())
         assert budget <= final["valid_trajectories"] < 2 * budget, (arm, final)
