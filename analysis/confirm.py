@@ -36,6 +36,7 @@ from envab.analysis.crossing import (
 from envab.analysis.time_to_target import time_to_target
 from envab.envs.arms import files_beside
 from envab.errors import Refusal, refused
+from envab.eval import workers
 from envab.eval.heldout import Protocol, check_inputs, checked_key, play_checkpoint
 from envab.eval.reuse import Store, evaluated_once
 from envab.io import atomic_write_json, read_jsonl
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "--store", help="evaluations by key (results/<exp>/evaluations): reused, then kept"
     )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
+    workers.add_cores_argument(parser)
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent
     console = job_console(f"confirm {run_dir.parent.name} {run_dir.name}", args.log)
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"fresh episodes on {prereg.evaluation.backend}",
                 receipts,
                 files_beside(args.heldout),  # the files its tasks download, as frozen
+                args.cores,
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )

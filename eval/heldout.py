@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envab import machine_load, preregistration
-from envab.envs.arms import ArmError, files_beside, open_arm
+from envab.envs.arms import ArmError, files_beside
 from envab.envs.protocol import Gate, Verification
+from envab.eval import workers
 from envab.eval.reuse import Store, evaluated_once, evaluation_key
 from envab.hashing import sha256_bytes, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl
@@ -98,11 +99,13 @@ def sampler_seed(task_id: str, seed: int, turn: int) -> int:
 
 
 def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> dict:
-    """One episode: its verdict, if valid its score, and a digest of the actions it sent (as
+    """One episode: its verdict, if valid its score, a digest of the actions it sent (as
     training's `actions_sha256`: one task played with the same actions must get the same score,
-    which is how two evaluations of one checkpoint are compared, analysis/controls.py)."""
+    which is how two evaluations of one checkpoint are compared, analysis/controls.py) and one of
+    the policy's replies (what it drew, a tool call or not)."""
     session = backend.create(task)
     sent: list[dict] = []
+    replies: list[dict] = []
     try:
         observation = session.observation
         turns = 0
@@ -115,6 +118,7 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
                 except UnsampleableToken:
                     rejected = True
                     break
+                replies.append(reply)
                 calls = reply.get("tool_calls") or []
                 if not calls:
                     break  # the policy answered in prose: the episode ends, the checker decides
@@ -155,15 +159,20 @@ def play(policy: Policy, backend, task: dict, protocol: Protocol, seed: int) -> 
         "score": verification.score,
         "turns": turns,
         "actions_sha256": sha256_json(sent),
+        "replies_sha256": sha256_json(replies),
     }
 
 
 def evaluate(policy: Policy, backend, tasks: list[dict], protocol: Protocol, log=None) -> dict:
-    outcomes: dict[str, list[int]] = {}
-    invalid = retries = 0
+    """Every episode of `protocol` on every task, one after another, and what they add up to."""
+    return summary(play_tasks(policy, backend, tasks, protocol, log), protocol)
+
+
+def play_tasks(policy: Policy, backend, tasks: list[dict], protocol: Protocol, log=None) -> list:
+    """The episode records of `tasks` in order: for each task, evaluation seed and episode, the
+    attempts until one is valid or `max_invalid_retries` retries are spent."""
     episodes = []
     for task in tasks:
-        results = outcomes.setdefault(task["id"], [])
         for seed in protocol.seeds:
             for episode in range(protocol.episodes_per_task):
                 for attempt in range(protocol.max_invalid_retries + 1):
@@ -173,10 +182,21 @@ def evaluate(policy: Policy, backend, tasks: list[dict], protocol: Protocol, log
                     if log:
                         log(record)
                     if record["verdict"] == "valid":
-                        results.append(int(record["score"] == 1.0))
                         break
-                    invalid += 1
-                    retries += attempt < protocol.max_invalid_retries
+    return episodes
+
+
+def summary(episodes: list[dict], protocol: Protocol) -> dict:
+    """The success rate of the valid episodes, or none where a task is short of them."""
+    outcomes: dict[str, list[int]] = {}
+    invalid = retries = 0
+    for record in episodes:
+        results = outcomes.setdefault(record["task_id"], [])
+        if record["verdict"] == "valid":
+            results.append(int(record["score"] == 1.0))
+        else:
+            invalid += 1
+            retries += record["attempt"] < protocol.max_invalid_retries
     wanted = protocol.episodes_per_task * len(protocol.seeds)
     short = sorted(t for t, r in outcomes.items() if len(r) < wanted)
     successes = sum(sum(r) for r in outcomes.values())
@@ -262,30 +282,35 @@ def play_checkpoint(
     what,
     receipts: Receipts,
     files: Path | None = None,
+    cores: int = 1,
 ) -> dict:
     """Load the checkpoint and play every episode of `protocol` on the evaluation arm (`backend`,
-    its config; the console hears "<n> <what>" first): the result with its wall-clock, the
-    machine's load meanwhile and the generation time."""
-    from envab.eval.policy import Policy  # torch is loaded only where episodes are played
-
+    its config; the console hears "<n> <what>" first), on the job's `cores` (eval/workers.py):
+    the result with its wall-clock, the machine's load meanwhile and the generation time."""
     started, snapshot = time.perf_counter(), machine_load.Snapshot.now()
-    tools = agent.tool_set(pins["training"]["tools"])  # the tools the policy was trained with
     # Its files were checked against the run's record just before (checked_key); a LoRA
     # checkpoint's base is checked again as it loads.
     compute = compute_settings(pins["training"])  # the device and dtype the run trained on
-    base = base_manifest(checkpoint, receipts)
-    policy = Policy(checkpoint, tools, protocol.generation, compute=compute, base_expected=base)
+    player = workers.Player(
+        checkpoint=str(checkpoint),
+        tools=pins["training"]["tools"],  # the tools the policy was trained with
+        compute=compute,
+        base_expected=base_manifest(checkpoint, receipts),
+        protocol=protocol,
+        backend=backend,
+        files=files,  # the tasks' frozen downloads
+    )
+    processes = workers.processes_for(compute, cores, len(tasks))
     episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
-    console.say(f"{episodes} {what}")
+    console.say(f"{episodes} {what}" + (f", {processes} processes" if processes > 1 else ""))
     progress = EpisodeProgress(console, episodes)
-    with open_arm(backend, files=files) as arm:  # files: the tasks' frozen downloads
-        result = evaluate(policy, arm, tasks, protocol, log=progress.episode)
+    played = workers.play(player, tasks, processes, cores, log=progress.episode)
     return {
-        **result,
+        **summary(played.episodes, protocol),
         "wall_s": time.perf_counter() - started,
         "load": machine_load.since(snapshot),  # CPU time, load average and steal
-        "inference_s": policy.generation_s,
-        "generation": protocol.generation.settings(policy.tokenizer),  # suppressed tokens too
+        "inference_s": played.inference_s,  # every process's generation time, added up
+        "generation": played.generation,  # suppressed tokens too
     }
 
 
@@ -304,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "--store", help="evaluations by key (results/<exp>/evaluations): reused, then kept"
     )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
+    workers.add_cores_argument(parser)
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
     name = Path(args.checkpoint).name
@@ -334,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"held-out episodes on {prereg.evaluation.backend}",
                 receipts,
                 files_beside(args.heldout),
+                args.cores,
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
         )

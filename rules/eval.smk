@@ -23,7 +23,8 @@ rule eval:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
     # The whole machine: an evaluation running beside a training run would slow the training
-    # and so distort the wall-clock it is measured by.
+    # and so distort the wall-clock it is measured by. A CPU evaluation plays its episodes on a
+    # process per core (eval/workers.py).
     threads: whole_machine()
     conda:
         SOFTWARE
@@ -35,7 +36,7 @@ rule eval:
         "python -m envab.eval.heldout --target {input.target} --receipts {input.receipts}"
         " --pins {input.pins} --checkpoint-records {input.records}"
         " --checkpoint {input.checkpoint} --heldout {input.heldout} --backend {params.backend}"
-        " --out {output} --store {params.store} --log {log}"
+        " --out {output} --store {params.store} --log {log} --cores {threads}"
 
 
 if EVAL_CONTROLS:
@@ -68,6 +69,7 @@ if EVAL_CONTROLS:
             " --pins {input.pins} --checkpoint-records {input.records}"
             " --checkpoint {input.checkpoint} --heldout {input.heldout}"
             " --backend {params.backend} --out {output} --store {params.store} --log {log}"
+            " --cores {threads}"
 
 
 # The confirmatory evaluation (pre-registered `confirmation`): each run's accepted crossing
@@ -104,3 +106,4 @@ if PREREG.confirmation:
             " --pins {input.pins} --checkpoint-records {input.records} --evals {input.evals}"
             " --checkpoints {input.checkpoints} --heldout {input.heldout}"
             " --backend {params.backend} --out {output} --store {params.store} --log {log}"
+            " --cores {threads}"

@@ -1,0 +1,149 @@
+"""A checkpoint's episodes played by several processes at once, where the job has the cores.
+
+An evaluation plays its episodes one after another, and the tiny model's turns use little of a
+core each, so a CPU evaluation job cuts the held-out tasks into contiguous shards, one per core,
+and each process loads the checkpoint, opens its own evaluation arm and plays its shard exactly
+as one process plays every task (eval/heldout.py `play_tasks`). The draws do not depend on the
+split: each turn's sampler is seeded by (task, evaluation seed, episode, turn), never by what was
+played before, so the shards' records put back in order are the records one process would have
+made. Processes, not threads: the policy seeds torch's global generator before each turn. They are
+spawned, not forked, so no child inherits the parent's threads half-way through a lock.
+
+A GPU evaluation plays in one process: one device, whose memory a second copy of the model would
+double, and whose batch a second process would not make faster.
+
+What crosses between the processes is the project's own: the frozen tasks as parsed, the arm's
+settings and the episode records (JSON values); nothing a task or an environment sent is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from envab.trainer.compute import Compute
+
+_DONE = None  # ends the progress queue
+
+
+@dataclass(frozen=True)
+class Player:
+    """What a process needs to play episodes of one checkpoint: all plain data."""
+
+    checkpoint: str
+    tools: str  # training.tools, as pinned
+    compute: Compute
+    base_expected: dict[str, str] | None  # a LoRA checkpoint's base model's files
+    protocol: object  # eval/heldout.py Protocol
+    backend: dict  # the evaluation arm's config
+    files: Path | None  # the tasks' frozen downloads
+
+
+@dataclass(frozen=True)
+class Played:
+    episodes: list[dict]  # every attempt's record, in the order one process plays them
+    inference_s: float  # generation time, every process's added up
+    generation: dict  # the protocol's generation settings, suppressed tokens too
+
+
+def add_cores_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=1,
+        help="the job's cores (Snakemake's threads): a CPU evaluation plays on that many processes",
+    )
+
+
+def processes_for(compute: Compute, cores: int, tasks: int) -> int:
+    """One process per core on the CPU, one on a GPU; never more than there are tasks."""
+    if not compute.cpu:
+        return 1
+    return max(1, min(cores, tasks))
+
+
+def shards(tasks: list[dict], n: int) -> list[list[dict]]:
+    """`n` contiguous runs of the tasks, as even as they can be, in order."""
+    size, extra = divmod(len(tasks), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        out.append(tasks[start:end])
+        start = end
+    return [shard for shard in out if shard]
+
+
+def play(
+    player: Player, tasks: list[dict], processes: int, cores: int, log: Callable[[dict], None]
+) -> Played:
+    """Every episode of `player.protocol` on `tasks`, in `processes` processes (1: this one),
+    each with an equal part of the `cores`; `log` hears each record as it is played."""
+    if processes == 1:
+        return play_shard(player, tasks, log)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    listener = threading.Thread(target=_relay, args=(queue, log), daemon=True)
+    listener.start()
+    try:
+        with ProcessPoolExecutor(
+            max_workers=processes,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(queue, max(1, cores // processes)),
+        ) as pool:
+            futures = [pool.submit(_worker, player, shard) for shard in shards(tasks, processes)]
+            parts = [future.result() for future in futures]
+    finally:
+        queue.put(_DONE)
+        listener.join()
+    return Played(
+        episodes=[record for part in parts for record in part.episodes],
+        inference_s=sum(part.inference_s for part in parts),
+        generation=parts[0].generation,
+    )
+
+
+def play_shard(player: Player, tasks: list[dict], log: Callable[[dict], None]) -> Played:
+    """Load the policy, open the evaluation arm, play `tasks`."""
+    # torch loads only where episodes are played: a reused or refused evaluation never needs it
+    from envab.envs.arms import open_arm
+    from envab.eval.heldout import play_tasks
+    from envab.eval.policy import Policy
+    from envab.trainer import agent
+
+    protocol = player.protocol
+    policy = Policy(
+        player.checkpoint,
+        agent.tool_set(player.tools),
+        protocol.generation,
+        compute=player.compute,
+        base_expected=player.base_expected,
+    )
+    with open_arm(player.backend, files=player.files) as arm:
+        episodes = play_tasks(policy, arm, tasks, protocol, log=log)
+    return Played(episodes, policy.generation_s, protocol.generation.settings(policy.tokenizer))
+
+
+_progress = None  # a worker's queue back to the parent's log
+
+
+def _start_worker(queue, threads: int) -> None:
+    global _progress
+    import torch
+
+    torch.set_num_threads(threads)
+    _progress = queue
+
+
+def _worker(player: Player, tasks: list[dict]) -> Played:
+    return play_shard(player, tasks, _progress.put)
+
+
+def _relay(queue, log: Callable[[dict], None]) -> None:
+    while (record := queue.get()) is not _DONE:
+        log(record)
