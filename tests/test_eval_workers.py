@@ -42,7 +42,9 @@ def test_a_cpu_evaluation_plays_on_its_cores_and_a_gpu_one_on_one_process():
 @pytest.mark.integration  # spawns processes that load torch and start an embedded host each
 def test_two_processes_play_the_episodes_one_process_plays(tmp_path):
     tasks, _ = build(1, 6, families=["click_button"], layout="templated", templates=2)
-    model = pin.build_builtin(pin.BuiltinSource(), [t["instruction"] for t in tasks], tmp_path / "model")
+    model = pin.build_builtin(
+        pin.BuiltinSource(), [t["instruction"] for t in tasks], tmp_path / "model"
+    )
     player = workers.Player(
         checkpoint=str(model),
         tools="click",
@@ -60,8 +62,10 @@ def test_two_processes_play_the_episodes_one_process_plays(tmp_path):
     assert two.episodes == one.episodes  # the same draws, verdicts and order
     assert len({r["replies_sha256"] for r in one.episodes}) > 1  # the draws differ by episode
     # every record reached the job's log, in whatever order the processes played them
-    assert sorted(map(repr, heard[2])) == sorted(map(repr, one.episodes)) == sorted(
-        map(repr, heard[1])
+    assert (
+        sorted(map(repr, heard[2]))
+        == sorted(map(repr, one.episodes))
+        == sorted(map(repr, heard[1]))
     )
     assert two.generation == one.generation and two.inference_s > 0
     assert summary(two.episodes, PROTOCOL) == summary(one.episodes, PROTOCOL)
