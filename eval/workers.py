@@ -22,7 +22,7 @@ import argparse
 import multiprocessing
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,35 +109,45 @@ def play(
 
 
 def play_shard(player: Player, tasks: list[dict], log: Callable[[dict], None]) -> Played:
-    """Load the policy, open the evaluation arm, play `tasks`."""
-    # torch loads only where episodes are played: a reused or refused evaluation never needs it
+    """Load the policy, open the evaluation arm, play `tasks`. The arm's host starts while torch
+    and the checkpoint load: most of a process's start-up is importing them."""
     from envab.envs.arms import open_arm
     from envab.eval.heldout import play_tasks
-    from envab.eval.policy import Policy
-    from envab.trainer import agent
 
     protocol = player.protocol
-    policy = Policy(
-        player.checkpoint,
-        agent.tool_set(player.tools),
-        protocol.generation,
-        compute=player.compute,
-        base_expected=player.base_expected,
-    )
-    with open_arm(player.backend, files=player.files) as arm:
-        episodes = play_tasks(policy, arm, tasks, protocol, log=log)
+    with ThreadPoolExecutor(max_workers=1) as loader:
+        loading = loader.submit(_policy, player)
+        with open_arm(player.backend, files=player.files) as arm:
+            policy = loading.result()
+            episodes = play_tasks(policy, arm, tasks, protocol, log=log)
     return Played(episodes, policy.generation_s, protocol.generation.settings(policy.tokenizer))
 
 
+def _policy(player: Player):
+    # torch loads only where episodes are played: a reused or refused evaluation never needs it
+    from envab.eval.policy import Policy
+    from envab.trainer import agent
+
+    if _threads is not None:  # a worker's share of the job's cores
+        import torch
+
+        torch.set_num_threads(_threads)
+    return Policy(
+        player.checkpoint,
+        agent.tool_set(player.tools),
+        player.protocol.generation,
+        compute=player.compute,
+        base_expected=player.base_expected,
+    )
+
+
 _progress = None  # a worker's queue back to the parent's log
+_threads = None  # a worker's torch threads
 
 
 def _start_worker(queue, threads: int) -> None:
-    global _progress
-    import torch
-
-    torch.set_num_threads(threads)
-    _progress = queue
+    global _progress, _threads
+    _progress, _threads = queue, threads
 
 
 def _worker(player: Player, tasks: list[dict]) -> Played:

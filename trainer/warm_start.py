@@ -90,7 +90,8 @@ def sft_config(settings: dict, compute, seed: int, scratch) -> SFTConfig:
         remove_unused_columns=False,
         # Rendering a batch's conversations through the chat template is a fifth of a CPU step:
         # one worker process renders the next batches while the model trains on this one. The
-        # order of the rows is drawn here, in the trainer, so the warm start's bytes are the same.
+        # rows' order is drawn here, in the trainer, so the weights are those of rendering here;
+        # the saved tokenizer.json no longer carries the padding the collator's last call set.
         dataloader_num_workers=1,
         dataloader_persistent_workers=True,
     )
