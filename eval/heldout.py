@@ -300,7 +300,7 @@ def play_checkpoint(
         backend=backend,
         files=files,  # the tasks' frozen downloads
     )
-    processes = workers.processes_for(compute, cores, len(tasks))
+    processes = workers.processes_for(compute, cores, len(tasks), backend)
     episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
     console.say(f"{episodes} {what}" + (f", {processes} processes" if processes > 1 else ""))
     progress = EpisodeProgress(console, episodes)

@@ -25,8 +25,12 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envab.trainer.compute import Compute
+
+if TYPE_CHECKING:
+    from envab.eval.heldout import Protocol
 
 _DONE = None  # ends the progress queue
 
@@ -39,7 +43,7 @@ class Player:
     tools: str  # training.tools, as pinned
     compute: Compute
     base_expected: dict[str, str] | None  # a LoRA checkpoint's base model's files
-    protocol: object  # eval/heldout.py Protocol
+    protocol: Protocol
     backend: dict  # the evaluation arm's config
     files: Path | None  # the tasks' frozen downloads
 
@@ -60,9 +64,11 @@ def add_cores_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def processes_for(compute: Compute, cores: int, tasks: int) -> int:
-    """One process per core on the CPU, one on a GPU; never more than there are tasks."""
-    if not compute.cpu:
+def processes_for(compute: Compute, cores: int, tasks: int, backend: dict) -> int:
+    """One process per core on the CPU, one on a GPU; never more than there are tasks. An arm
+    under a control (an evaluation corruption, envs/controls.py) plays in one process: its flips
+    are drawn in the order its episodes are verified, which shards would change."""
+    if not compute.cpu or "control" in backend:
         return 1
     return max(1, min(cores, tasks))
 

@@ -33,10 +33,14 @@ def test_shards_are_contiguous_even_and_in_order(n, size):
 
 
 def test_a_cpu_evaluation_plays_on_its_cores_and_a_gpu_one_on_one_process():
-    assert workers.processes_for(Compute(device="cpu"), 2, 128) == 2
-    assert workers.processes_for(Compute(device="cpu"), 16, 3) == 3  # never more than tasks
-    assert workers.processes_for(Compute(device="cpu"), 1, 128) == 1
-    assert workers.processes_for(Compute(device="cuda", dtype="bfloat16"), 16, 128) == 1
+    cpu, gpu = Compute(device="cpu"), Compute(device="cuda", dtype="bfloat16")
+    assert workers.processes_for(cpu, 2, 128, ARM) == 2
+    assert workers.processes_for(cpu, 16, 3, ARM) == 3  # never more than tasks
+    assert workers.processes_for(cpu, 1, 128, ARM) == 1
+    assert workers.processes_for(gpu, 16, 128, ARM) == 1
+    # an evaluation corruption draws its flips in episode order: one process keeps that order
+    corrupted = {**ARM, "control": {"name": "eval-corruption", "flip_rewards": 0.1}}
+    assert workers.processes_for(cpu, 2, 128, corrupted) == 1
 
 
 @pytest.mark.integration  # spawns processes that load torch and start an embedded host each
