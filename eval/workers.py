@@ -6,8 +6,10 @@ and each process loads the checkpoint, opens its own evaluation arm and plays it
 as one process plays every task (eval/heldout.py `play_tasks`). The draws do not depend on the
 split: each turn's sampler is seeded by (task, evaluation seed, episode, turn), never by what was
 played before, so the shards' records put back in order are the records one process would have
-made. Processes, not threads: the policy seeds torch's global generator before each turn. They are
-spawned, not forked, so no child inherits the parent's threads half-way through a lock.
+made (a worker runs torch on its share of the cores; v10's records came out the same on one thread
+as on two: docs/results/2026-12-04-evaluation-on-every-core.md). Processes, not threads: the policy
+seeds torch's global generator before each turn. They are spawned, not forked: a worker forked
+from a parent that had imported torch played four times slower here, and started no sooner.
 
 A GPU evaluation plays in one process: one device, whose memory a second copy of the model would
 double, and whose batch a second process would not make faster.
