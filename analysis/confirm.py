@@ -37,7 +37,8 @@ from envab.analysis.time_to_target import time_to_target
 from envab.envs.arms import files_beside
 from envab.errors import Refusal, refused
 from envab.eval import workers
-from envab.eval.heldout import Protocol, check_inputs, checked_key, play_checkpoint
+from envab.eval.episodes import Protocol
+from envab.eval.heldout import check_inputs, checked_key, play_checkpoint
 from envab.eval.reuse import Store, evaluated_once
 from envab.io import atomic_write_json, read_jsonl
 from envab.progress import job_console

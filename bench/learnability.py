@@ -15,7 +15,7 @@ column under a light theme or in the right column under a dark one, decoy button
 column; a label keeps its row), splits it as the pipeline does (envab/split.py), builds
 `builtin:tiny-qwen3-vl` from the training instructions, then:
 
-1. held-out success of the pinned model (eval.heldout.evaluate on LocalBackend);
+1. held-out success of the pinned model (eval.episodes.evaluate on LocalBackend);
 2. SFT warm start: TRL's SFTTrainer with trainer/sft.py's demonstrations and collator, rendered
    WITH the tool prompt (trainer/warm_start.py's WithTools), which is what GRPO and the evaluation
    render (`--sft-prompt plain` drops the tools: an old bug, 0 % held-out);
@@ -211,7 +211,7 @@ from envab.trainer import agent  # noqa: E402
 TOOLS = agent.tool_set(args.toolset)
 
 from envab.envs.tasks.local import LocalBackend  # noqa: E402
-from envab.eval.heldout import Protocol, evaluate  # noqa: E402
+from envab.eval.episodes import Protocol, evaluate  # noqa: E402
 from envab.eval.policy import Policy  # noqa: E402
 from envab.split import split_tasks  # noqa: E402
 from envab.trainer import tiny_model  # noqa: E402

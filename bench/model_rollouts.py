@@ -6,7 +6,7 @@ on each arm: the companion of `bench/envs_bench.py`, whose oracle takes no time.
                                    [--seconds 30] [--max-steps 1] [--out FILE.json]
 
 A finished run's checkpoint (default: its last) plays its experiment's held-out tasks as the
-held-out evaluation plays them (`envab.eval.heldout.play`: the run's tools, its pinned turn
+held-out evaluation plays them (`envab.eval.episodes.play`: the run's tools, its pinned turn
 length and turn ending, greedy), `parallel` episodes at once, each in an environment of its own,
 one model shared by every player (as one trainer process serves every session of its batch).
 One rollout: create, the model's turns, verify, close; counted when the verdict is valid. A
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from envab.envs.arms import open_arm
-from envab.eval.heldout import Protocol, play
+from envab.eval.episodes import Protocol, play
 from envab.io import read_jsonl
 from envab.trainer import agent
 from envab.trainer.generation import Generation

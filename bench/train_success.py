@@ -5,7 +5,7 @@
 The pipeline evaluates held-out tasks only (that is its question). This asks the other one the
 trainer issue asks: does GRPO raise success on the tasks it trains on, per arm? Each checkpoint
 is played on every training task (results/<exp>/tasks/train.jsonl) exactly as the held-out
-evaluation plays its tasks (eval.heldout.evaluate: the frozen target's seeds and episodes per task,
+evaluation plays its tasks (eval.episodes.evaluate: the frozen target's seeds and episodes per task,
 sampled at its temperature, one action each), in-process (LocalBackend: the pixels and checker
 every arm shares). LAST is a run's last checkpoint. It also prints whether two arms' checkpoints
 are the same files (their digests in checkpoints.jsonl). The experiment is the one
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from envab.envs.tasks.local import LocalBackend
-from envab.eval.heldout import Protocol, evaluate
+from envab.eval.episodes import Protocol, evaluate
 from envab.eval.policy import Policy
 from envab.io import read_jsonl
 from envab.preregistration import check_frozen

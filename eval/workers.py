@@ -3,7 +3,7 @@
 An evaluation plays its episodes one after another, and the tiny model's turns use little of a
 core each, so a CPU evaluation job cuts the held-out tasks into contiguous shards, one per core,
 and each process loads the checkpoint, opens its own evaluation arm and plays its shard exactly
-as one process plays every task (eval/heldout.py `play_tasks`). The draws do not depend on the
+as one process plays every task (eval/episodes.py `play_tasks`). The draws do not depend on the
 split: each turn's sampler is seeded by (task, evaluation seed, episode, turn), never by what was
 played before, so the shards' records put back in order are the records one process would have
 made (a worker runs torch on its share of the cores; v10's records came out the same on one thread
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from envab.trainer.compute import Compute
 
 if TYPE_CHECKING:
-    from envab.eval.heldout import Protocol
+    from envab.eval.episodes import Protocol
 
 _DONE = None  # ends the progress queue
 
@@ -120,7 +120,7 @@ def play_shard(player: Player, tasks: list[dict], log: Callable[[dict], None]) -
     """Load the policy, open the evaluation arm, play `tasks`. The arm's host starts while torch
     and the checkpoint load: most of a process's start-up is importing them."""
     from envab.envs.arms import open_arm
-    from envab.eval.heldout import play_tasks
+    from envab.eval.episodes import play_tasks
 
     protocol = player.protocol
     with ThreadPoolExecutor(max_workers=1) as loader:

@@ -11,7 +11,7 @@ from test_heldout import PROTOCOL, Scripted
 from envab.analysis.confirm import confirmation, fresh_protocol, fresh_seeds
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
-from envab.eval.heldout import evaluate
+from envab.eval.episodes import evaluate
 from envab.preregistration import ConfirmationProtocol, Preregistration
 from envab.schema import ConfigError
 from envab.trainer import agent

@@ -6,7 +6,7 @@ import pytest
 
 from envab.envs.tasks.build import build
 from envab.eval import workers
-from envab.eval.heldout import Protocol, summary
+from envab.eval.episodes import Protocol, summary
 from envab.trainer import model as pin
 from envab.trainer.compute import Compute
 

@@ -12,7 +12,7 @@ import torch
 import yaml
 from PIL import Image
 
-from envab.eval.heldout import Protocol
+from envab.eval.episodes import Protocol
 from envab.preregistration import Preregistration
 from envab.schema import CONFIG_SCHEMA, check_schema
 from envab.trainer import model as pin

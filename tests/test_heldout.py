@@ -11,7 +11,7 @@ import pytest
 from envab.envs.arms import open_arm
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
-from envab.eval.heldout import Protocol, evaluate
+from envab.eval.episodes import Protocol, evaluate
 from envab.trainer import agent
 
 PROTOCOL = Protocol(
@@ -119,7 +119,7 @@ def test_an_episode_of_refused_calls_scores_0_within_max_steps(task_and_click):
 
 
 def test_sampled_episodes_draw_independently_and_reproducibly():
-    from envab.eval.heldout import sampler_seed
+    from envab.eval.episodes import sampler_seed
 
     seeds = {
         sampler_seed(task, seed, turn) for task in ("a", "b") for seed in (0, 1) for turn in (0, 1)

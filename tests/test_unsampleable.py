@@ -20,7 +20,7 @@ from tiny_grpo import empty_prompts, grpo_args, record_batches
 from envab.envs.protocol import Gate, Verdict
 from envab.envs.tasks.build import build
 from envab.envs.tasks.local import LocalBackend
-from envab.eval.heldout import Protocol, play
+from envab.eval.episodes import Protocol, play
 from envab.trainer import agent
 from envab.trainer import model as pin
 from envab.trainer.generation import (
