@@ -156,17 +156,35 @@ def _measured_load(load: dict | None, host_usd_per_hour: float) -> dict | None:
     }
 
 
+def machine_kind_text(run: RunRecords) -> str | None:
+    """The machine kind a run trained on, as run.json records it (envab/machine.py), in words;
+    None for a run that recorded none."""
+    machine = run.final.get("machine")
+    if not machine:
+        return None
+    text = f"{machine.get('cpu')} ({', '.join(machine.get('isa') or []) or 'no ISA flags'})"
+    text += f", {machine.get('threads')} threads"
+    if machine.get("accelerator"):
+        text += f", {machine['accelerator'].get('gpu')}"
+    return text
+
+
 def _divergence(by_arm, baseline: str, candidate: str) -> dict:
-    """Per seed both arms ran, the first training step whose digests differ (or never)."""
-    steps = {arm: {r.seed: r.steps for r in by_arm[arm]} for arm in (baseline, candidate)}
-    seeds = sorted(set(steps[baseline]) & set(steps[candidate]))
+    """Per seed both arms ran, the first training step whose digests differ (or never). Bits
+    repeat only within one machine kind, so a seed whose two runs trained on different kinds
+    says so: its divergence is expected from the arithmetic alone."""
+    runs = {arm: {r.seed: r for r in by_arm[arm]} for arm in (baseline, candidate)}
+    seeds = sorted(set(runs[baseline]) & set(runs[candidate]))
     per_seed = []
     for seed in seeds:
-        a, b = steps[baseline][seed], steps[candidate][seed]
-        if a is None or b is None:
+        a, b = runs[baseline][seed], runs[candidate][seed]
+        if a.steps is None or b.steps is None:
             result = {"verdict": "not compared", "reason": "no step digests (steps.jsonl)"}
         else:
-            result = first_divergence(a, b)
+            result = first_divergence(a.steps, b.steps)
+        kinds = {"baseline": machine_kind_text(a), "candidate": machine_kind_text(b)}
+        if kinds["baseline"] != kinds["candidate"]:
+            result["machine_kinds_differ"] = kinds
         per_seed.append({"seed": seed, **result})
     return {"seeds": per_seed}
 
@@ -387,6 +405,8 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
         "divergence": [
             {"candidate": c, "baseline": b, **_divergence(by_arm, b, c)} for b, c in pairs
         ],
+        # every kind the runs trained on, in the order of the runs (None: not recorded)
+        "machine_kinds": list(dict.fromkeys(machine_kind_text(r) for r in runs)),
         "experiment_id": prereg.experiment_id,
         "question": prereg.question,
         "target": {"metric": prereg.target.metric, "threshold": prereg.target.threshold},
@@ -437,6 +457,14 @@ def _divergence_line(check: dict) -> str:
             )
         else:
             parts.append(f"seed {s['seed']}: not compared ({s['reason']})")
+        if "machine_kinds_differ" in s:
+            kinds = s["machine_kinds_differ"]
+            parts[-1] += (
+                f", but the runs trained on different machine kinds ({check['baseline']}: "
+                f"{kinds['baseline'] or 'not recorded'}; {check['candidate']}: "
+                f"{kinds['candidate'] or 'not recorded'}), whose sums differ: a divergence is "
+                "expected from that alone and is no evidence about the environments"
+            )
     return f"- **{check['candidate']} vs {check['baseline']}**: " + ("; ".join(parts) or "–")
 
 
@@ -613,6 +641,17 @@ def render_markdown(outcome: dict) -> str:
         "## Did the arms see the same training data? (exact divergence)",
         "",
     ]
+    recorded = outcome.get("machine_kinds") or []
+    kinds = [k for k in recorded if k]
+    if kinds:
+        said = (
+            f"Every run trained on one machine kind: {kinds[0]}"
+            if len(kinds) == 1
+            else f"The runs trained on {len(kinds)} machine kinds: {'; '.join(kinds)}"
+        )
+        if None in recorded:
+            said += " (some runs recorded none)"
+        lines += [f"{said}. Bits repeat, where at all, within one kind only.", ""]
     lines += [_divergence_line(check) for check in outcome["divergence"]] or ["- one arm: –"]
     lines.append("")
     if outcome["equivalence"] is not None:

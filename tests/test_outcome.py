@@ -474,6 +474,45 @@ def test_exact_divergence_leads_the_outcome(tmp_path):
     assert any(p.endswith("steps.jsonl") for p in outcome["inputs"])  # hashed into the receipt
 
 
+def with_machine(files: dict, isa: list[str]) -> RunRecords:
+    """The run of `files` with the machine kind training records in run.json."""
+    final = json.loads(files["run"].read_text())
+    final["machine"] = {"accelerator": None, "cpu": "AMD EPYC", "isa": isa, "threads": 2}
+    files["run"].write_text(json.dumps(final))
+    return RunRecords.load(**files)
+
+
+def test_exact_divergence_names_the_machine_kinds_it_rests_on(tmp_path):
+    """Bits repeat only within one machine kind: the outcome names the kind, and a seed whose two
+    runs trained on different kinds says its divergence is no evidence about the environments."""
+    same = [{"step": k, "completion_ids": f"c{k}", "rewards": f"r{k}"} for k in (1, 2, 3)]
+    flipped = [dict(line) for line in same]
+    flipped[0]["completion_ids"] = "other"
+    avx2, avx512 = ["avx", "avx2", "fma"], ["avx", "avx2", "fma", "avx512f"]
+    runs = [
+        with_machine(write_run(tmp_path / "a", "restore", 1, [0.25, 0.5], 2.0, steps=same), avx2),
+        with_machine(write_run(tmp_path / "a", "drums", 1, [0.25, 0.5], 1.0, steps=same), avx2),
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    assert "machine_kinds_differ" not in outcome["divergence"][0]["seeds"][0]
+    text = render_markdown(outcome)
+    assert "Every run trained on one machine kind: AMD EPYC (avx, avx2, fma), 2 threads." in text
+    assert "different machine kinds" not in text
+    runs[1] = with_machine(
+        write_run(tmp_path / "b", "drums", 1, [0.25, 0.5], 1.0, steps=flipped), avx512
+    )
+    outcome = compute_outcome(runs, PREREG)
+    seed = outcome["divergence"][0]["seeds"][0]
+    assert seed["verdict"] == "diverged" and seed["machine_kinds_differ"] == {
+        "baseline": "AMD EPYC (avx, avx2, fma), 2 threads",
+        "candidate": "AMD EPYC (avx, avx2, fma, avx512f), 2 threads",
+    }
+    text = render_markdown(outcome)
+    assert "The runs trained on 2 machine kinds" in text
+    assert "seed 1: diverged at step 1 (completion_ids), but the runs trained on different" in text
+    assert "no evidence about the environments" in text
+
+
 def confirmed_load(root, arm, seed, rates, speed, verdict, checkpoint) -> RunRecords:
     """A run with its confirm.json: the confirmatory verdict on `checkpoint`."""
     files = write_run(root, arm, seed, rates, speed)
