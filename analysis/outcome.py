@@ -183,7 +183,7 @@ def _divergence(by_arm, baseline: str, candidate: str) -> dict:
         else:
             result = first_divergence(a.steps, b.steps)
         kinds = {"baseline": machine_kind_text(a), "candidate": machine_kind_text(b)}
-        if kinds["baseline"] != kinds["candidate"]:
+        if None not in kinds.values() and kinds["baseline"] != kinds["candidate"]:
             result["machine_kinds_differ"] = kinds
         per_seed.append({"seed": seed, **result})
     return {"seeds": per_seed}
@@ -460,11 +460,14 @@ def _divergence_line(check: dict) -> str:
         if "machine_kinds_differ" in s:
             kinds = s["machine_kinds_differ"]
             parts[-1] += (
-                f", but the runs trained on different machine kinds ({check['baseline']}: "
-                f"{kinds['baseline'] or 'not recorded'}; {check['candidate']}: "
-                f"{kinds['candidate'] or 'not recorded'}), whose sums differ: a divergence is "
-                "expected from that alone and is no evidence about the environments"
+                f"; the runs trained on different machine kinds ({check['baseline']}: "
+                f"{kinds['baseline']}; {check['candidate']}: {kinds['candidate']})"
             )
+            if s["verdict"] == "diverged":
+                parts[-1] += (
+                    ", whose sums differ: this divergence is expected from that alone and is no "
+                    "evidence about the environments"
+                )
     return f"- **{check['candidate']} vs {check['baseline']}**: " + ("; ".join(parts) or "–")
 
 

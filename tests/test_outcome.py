@@ -509,8 +509,12 @@ def test_exact_divergence_names_the_machine_kinds_it_rests_on(tmp_path):
     }
     text = render_markdown(outcome)
     assert "The runs trained on 2 machine kinds" in text
-    assert "seed 1: diverged at step 1 (completion_ids), but the runs trained on different" in text
+    assert "seed 1: diverged at step 1 (completion_ids); the runs trained on different" in text
     assert "no evidence about the environments" in text
+    runs[1] = RunRecords.load(**write_run(tmp_path / "c", "drums", 1, [0.25, 0.5], 1.0, steps=same))
+    outcome = compute_outcome(runs, PREREG)  # a run that recorded no kind is not called different
+    assert "machine_kinds_differ" not in outcome["divergence"][0]["seeds"][0]
+    assert "(some runs recorded none)" in render_markdown(outcome)
 
 
 def confirmed_load(root, arm, seed, rates, speed, verdict, checkpoint) -> RunRecords:
