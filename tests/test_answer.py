@@ -277,7 +277,11 @@ def test_every_job_has_its_time_and_the_breakdown_by_rule_sums_them(answered):
     assert rules["eval"]["jobs"] == len(evaluations)
     for rule in ("freeze_target", "split", "model", "code_pins", "sft", "outcome", "report"):
         assert rules[rule]["jobs"] == 1, rule
-    assert all(job["s"] > 0 and job["peak_pss_mib"] > 0 for job in figures["jobs"])
+    assert all(job["s"] > 0 for job in figures["jobs"])
+    # Snakemake samples a job's memory once a second or so: a sub-second job (a run's pins) may
+    # be caught before its Python has started, or not at all (NA). A job of seconds has its peak.
+    assert all(job["peak_pss_mib"] > 0 for job in figures["jobs"] if job["s"] > 3)
+    assert all(rules[rule]["peak_pss_mib"] > 0 for rule in ("train", "sft", "eval"))
     assert sum(r["s"] for r in figures["rules"]) == pytest.approx(
         sum(j["s"] for j in figures["jobs"])
     )
