@@ -43,6 +43,7 @@ from envab.analysis.survival import (
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_json, atomic_write_text
+from envab.machine import describe
 from envab.preregistration import Preregistration, PrimaryEndpoint
 from envab.receipts import subject, write_receipt
 
@@ -157,16 +158,10 @@ def _measured_load(load: dict | None, host_usd_per_hour: float) -> dict | None:
 
 
 def machine_kind_text(run: RunRecords) -> str | None:
-    """The machine kind a run trained on, as run.json records it (envab/machine.py), in words;
-    None for a run that recorded none."""
+    """The machine kind a run trained on, as run.json records it, in words; None for a run that
+    recorded none."""
     machine = run.final.get("machine")
-    if not machine:
-        return None
-    text = f"{machine.get('cpu')} ({', '.join(machine.get('isa') or []) or 'no ISA flags'})"
-    text += f", {machine.get('threads')} threads"
-    if machine.get("accelerator"):
-        text += f", {machine['accelerator'].get('gpu')}"
-    return text
+    return describe(machine) if machine else None
 
 
 def _divergence(by_arm, baseline: str, candidate: str) -> dict:

@@ -21,7 +21,7 @@ import yaml
 
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_text
-from envab.machine import machine_kind
+from envab.machine import describe, machine_kind
 
 DIGESTS = "digests.yaml"
 WEIGHTS = "model.safetensors"
@@ -76,8 +76,7 @@ def check(root: Path, kind: dict, run: str, experiment: str) -> tuple[int, str]:
     entries = [e for e in entries if e["experiment"] == experiment]
     if not entries:
         return 0, (
-            f"no digests recorded for this machine kind ({kind['cpu']}, {kind['threads']} "
-            f"threads, {' '.join(kind['isa']) or 'no listed features'}): nothing compared; "
+            f"no digests recorded for this machine kind ({describe(kind)}): nothing compared; "
             f"`python -m envab.digests record {root}` records this run's"
         )
     differ = compare(entries[0]["checkpoints"], found)

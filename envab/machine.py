@@ -39,6 +39,15 @@ def machine_kind(cpuinfo: str | None = None, threads: int | None = None) -> dict
     }
 
 
+def describe(kind: dict) -> str:
+    """A machine kind in words: "AMD EPYC (avx, avx2, fma), 2 threads", and its GPU if any."""
+    text = f"{kind.get('cpu')} ({', '.join(kind.get('isa') or []) or 'no listed features'})"
+    text += f", {kind.get('threads')} threads"
+    if kind.get("accelerator"):
+        text += f", {kind['accelerator'].get('gpu')}"
+    return text
+
+
 def accelerator() -> dict | None:
     """The GPU a job trained on (model, CUDA runtime), None on a CPU run; torch only if loaded."""
     torch = sys.modules.get("torch")
