@@ -403,6 +403,8 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
         # every kind the runs trained on, in the order of the runs (None: not recorded)
         "machine_kinds": list(dict.fromkeys(machine_kind_text(r) for r in runs)),
         "experiment_id": prereg.experiment_id,
+        # budget.stop_at_target: each run stopped once its fate was decided, its curve ends there
+        "stop_at_target": getattr(prereg.budget, "stop_at_target", False),
         "question": prereg.question,
         "target": {"metric": prereg.target.metric, "threshold": prereg.target.threshold},
         "comparable_sha256": comparable,
@@ -630,6 +632,14 @@ def render_markdown(outcome: dict) -> str:
             f"**Confirmation.** Each accepted crossing is evaluated again on fresh episodes, "
             f"exact binomial test of {outcome['confirmation_null']}. A crossing that is not "
             "confirmed is never reached: censored at the budget everywhere below.",
+            "",
+        ]
+    if outcome.get("stop_at_target"):
+        lines += [
+            "**Stopping.** Registered: each run stops once its fate is decided (its first "
+            "accepted crossing judged by the confirmation, or its budget spent); its checkpoints "
+            "were evaluated while its clock stood still. Time after the decision was not spent, "
+            "and each curve ends at its run's stop (the table's last column says why it stopped).",
             "",
         ]
     lines += ["## Primary endpoint (pre-registered)", ""]

@@ -120,6 +120,9 @@ class EvaluationProtocol:
 class Budget:
     max_wall_clock_s: float
     max_valid_trajectories: int
+    # An A/B run stops once the crossing rule and the confirmation have decided its fate
+    # (analysis/stop_at_target.py); a control's budget never stops at target (budget_for).
+    stop_at_target: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,7 @@ class Preregistration:
     # expected | not_expected: which rules judge the controls when no A/A observes it
     # (analysis/controls.py)
     determinism: str = "expected"
+    control_seeds: tuple[int, ...] | None = None  # None: every seed
 
     @property
     def threshold(self) -> float:
@@ -296,6 +300,7 @@ class Preregistration:
             ),
             primary=PrimaryEndpoint(**data["primary_endpoint"]),
             determinism=data["determinism"],
+            control_seeds=tuple(data["control_seeds"]) if "control_seeds" in data else None,
         )
         prereg._cross_check(path)
         prereg._check_controls(path)
@@ -367,6 +372,12 @@ class Preregistration:
                     f"{' and '.join(sorted(needed)) or 'no change'}, got "
                     f"{' and '.join(sorted(given)) or 'none'}"
                 )
+        strays = sorted(set(self.control_seeds or ()) - set(self.seeds))
+        if strays:
+            raise ConfigError(
+                f"{path}: control_seeds: {strays} not among the seeds {list(self.seeds)}: a "
+                "control is compared with its base arm's run on the same seed"
+            )
         if self.controls and not self.equivalence:
             raise ConfigError(f"{path}: controls are judged by the equivalence test: register one")
 
@@ -411,9 +422,14 @@ class Preregistration:
         """The budget a run under `run_arm` trains to: the A/B's, with a control's own
         max_valid_trajectories where it registers one."""
         for control in self.controls:
-            if control.run_arm == run_arm and control.max_valid_trajectories is not None:
-                return replace(self.budget, max_valid_trajectories=control.max_valid_trajectories)
+            if control.run_arm == run_arm:
+                own = control.max_valid_trajectories or self.budget.max_valid_trajectories
+                return replace(self.budget, max_valid_trajectories=own, stop_at_target=False)
         return self.budget
+
+    def seeds_of_controls(self) -> tuple[int, ...]:
+        """The training seeds the controls run on: control_seeds, or every seed."""
+        return self.control_seeds or self.seeds
 
     def as_dict(self) -> dict:
         """A plain copy (for the report's workflow description)."""

@@ -79,13 +79,13 @@ ARMS = {
     **config["arms"],
     **{c.run_arm: c.arm_config(config["arms"][c.arm]) for c in PREREG.controls},
 }
-# The controls' runs: beside the A/B, on every selected seed of their base arm; `arm=<arm>` asks
-# for that arm alone.
+# The controls' runs: beside the A/B, on every selected control seed of their base arm;
+# `arm=<arm>` asks for that arm alone.
 CONTROL_RUNS = [
     (c.run_arm, seed)
     for c in PREREG.controls
     for arm, seed in RUNS
-    if arm == c.arm and config["arm"] is None
+    if arm == c.arm and seed in PREREG.seeds_of_controls() and config["arm"] is None
 ]
 QEMU_ARMS = sorted(a for a, spec in config["arms"].items() if spec["backend"] == "qemu")
 # An arm on the real X desktop: the freeze refuses a task it cannot set up or score, judged by
@@ -163,6 +163,33 @@ def factory_layout_args(factory):
 def training_model():
     """The model GRPO starts from: the warm start's output, or the pinned model as it is."""
     return SFT_MODEL if SFT_ENABLED else f"{RESULTS}/model"
+
+
+def stops_at_target(arm):
+    """Whether the runs of `arm` stop at target: the A/B's, where the pre-registration says so;
+    never a control's (it runs its own budget)."""
+    return PREREG.budget_for(arm).stop_at_target
+
+
+def judge_heldout(wildcards):
+    """The held-out split, for a run that stops at target: read by its judge's own process."""
+    return [f"{RESULTS}/tasks/heldout.jsonl"] if stops_at_target(wildcards.arm) else []
+
+
+def stop_at_target(wildcards):
+    """How a training job that stops at target has each checkpoint judged (trainer/grpo.py,
+    analysis/stop_at_target.py): as the eval and confirm rules would play it, into the same
+    evaluation store; nothing where the run trains to its budget."""
+    if not stops_at_target(wildcards.arm):
+        return ""
+    judge = {
+        "heldout": f"{RESULTS}/tasks/heldout.jsonl",
+        "backend": eval_backend(wildcards.arm),
+        "confirm_backend": config["arms"][PREREG.evaluation.backend],
+        "store": EVALUATIONS,
+        "log": f"{LOGS}/train_{wildcards.arm}_seed{wildcards.seed}.judge.log",
+    }
+    return f"--stop-at-target {as_arg(judge)}"
 
 
 def training_receipts():

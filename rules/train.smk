@@ -43,6 +43,9 @@ checkpoint train:
         train=f"{RESULTS}/tasks/train.jsonl",
         guest=qemu_guest_record,
         model=training_model(),
+        # Read by the stop-at-target judge's own process, never by the trainer (target.yaml:
+        # budget.stop_at_target); none where the run trains to its budget.
+        heldout=judge_heldout,
     output:
         run=run_file("run.json"),
         trajectories=run_file("trajectories.jsonl"),
@@ -54,6 +57,7 @@ checkpoint train:
     params:
         wandb=f"{RESULTS}/wandb",
         launch=" ".join(launcher(COMPUTE)),  # python -m, or accelerate launch ... -m
+        stop=stop_at_target,
     wildcard_constraints:
         arm="[A-Za-z0-9_-]+",
         seed=r"\d+",
@@ -74,6 +78,6 @@ checkpoint train:
         " --pins {input.pins} --model {input.model} --train {input.train}"
         " --trajectories {output.trajectories} --checkpoint-records {output.records}"
         " --checkpoints {output.checkpoints} --run {output.run} --steps {output.steps}"
-        " --receipt {output.receipt}"
-        " --host-log {log.host}"
+        " --receipt {output.receipt} {params.stop}"
+        " --host-log {log.host} --cores {threads}"
         " --wandb-dir {params.wandb} --log {log.main}"

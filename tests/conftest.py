@@ -22,8 +22,11 @@ SHIPPED_EXP = yaml.safe_load(SHIPPED_TARGET.read_text())["experiment_id"]
 def shrink_budget(target: dict, *, valid: int, wall_clock_s: float, interval: int) -> None:
     """A tiny budget and checkpoint interval for a copy of the shipped target. Its controls'
     own budgets are sized for the shipped budget, so they go: each control then trains to the
-    tiny budget (a control's own budget has tests of its own, tests/test_controls.py)."""
+    tiny budget (a control's own budget has tests of its own, tests/test_controls.py). One
+    training seed: a test that runs every registered run trains each arm once."""
     target["budget"].update(max_wall_clock_s=wall_clock_s, max_valid_trajectories=valid)
+    target["seeds"] = target["seeds"][:1]
+    target["control_seeds"] = target["seeds"]
     target["evaluation"]["checkpoint_interval"] = interval
     for control in target.get("controls", []):
         control.pop("max_valid_trajectories", None)

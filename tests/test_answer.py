@@ -41,6 +41,7 @@ def answered(tmp_path_factory, make_workflow):
 
     def target(t):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8)
+        t["seeds"] = t["control_seeds"] = [1]  # one run per arm (replication: test_outcome.py)
         # One evaluation seed: 8 held-out episodes per checkpoint.
         t["evaluation"].update(checkpoint_interval=4, max_steps=1, seeds=[0])
         t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})

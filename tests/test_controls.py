@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -214,7 +215,11 @@ def test_a_control_trains_to_its_own_budget_and_every_other_run_to_the_a_bs(tmp_
     prereg = Preregistration.load(registered(tmp_path, controls))
     assert prereg.budget_for("drums-aa").max_valid_trajectories == interval
     assert prereg.budget_for("drums-aa").max_wall_clock_s == prereg.budget.max_wall_clock_s
-    assert prereg.budget_for("drums-corruption") == prereg.budget
+    # a control never stops at target (budget.stop_at_target is the A/B's): it is judged over
+    # the steps it has, so it runs its own budget whole
+    assert prereg.budget.stop_at_target
+    assert prereg.budget_for("drums-corruption") == replace(prereg.budget, stop_at_target=False)
+    assert not prereg.budget_for("drums-aa").stop_at_target
     assert prereg.budget_for("drums") == prereg.budget
 
 

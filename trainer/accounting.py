@@ -18,9 +18,10 @@ Invalid attempts carry no reward (never 0), count on their own line and never to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
 from envab.io import append_jsonl
@@ -121,6 +122,8 @@ class Ledger:
     started_utc: str | None = None
     # Wall-clock a restarted run carries over from the process before it (trainer/resume.py).
     carried_s: float = 0.0
+    # Wall-clock with the clock paused (`paused`), not counted in wall_clock_s.
+    paused_s: float = 0.0
     # Called with the wall-clock after every attempt: the run's heartbeat.
     on_record: Callable[[float], None] | None = field(default=None, repr=False)
     # DRUMS_RECORD=path.jsonl: one more line per scored trace, in drums-verifiers' format.
@@ -145,6 +148,7 @@ class Ledger:
         "window_valid",
         "window_score",
         "started_utc",
+        "paused_s",
     )
 
     def state(self) -> dict:
@@ -155,11 +159,24 @@ class Ledger:
         """Continue from a resume point's counters; the clock restarts at the next step from
         `wall_clock_s`."""
         for k in self.STATE:
-            setattr(self, k, state[k])
+            setattr(self, k, state.get(k, 0.0) if k == "paused_s" else state[k])
         self.started, self.carried_s = None, wall_clock_s
 
     def wall_clock_s(self) -> float:
         return 0.0 if self.started is None else self.clock() - self.started
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The clock stands still inside: the work done there (a stop-at-target judgment, an
+        evaluation) is not training's, and is counted in `paused_s` instead."""
+        began = self.clock()
+        try:
+            yield
+        finally:
+            spent = self.clock() - began
+            self.paused_s += spent
+            if self.started is not None:
+                self.started += spent
 
     def record(self, attempt: Attempt, step: int, rank: int | None = None) -> dict | None:
         """Count the attempt and write its line (with the rank of the process that played it,

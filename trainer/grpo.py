@@ -100,6 +100,7 @@ from envab.trainer.resume import (
     held,
     moment,
 )
+from envab.trainer.stop_judge import StopJudge
 from envab.trainer.toolcalls import ToolCalls
 from envab.trainer.vllm_server import served
 
@@ -187,6 +188,16 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
             f"{outputs.run.parent} already holds training records and no journal to resume "
             "from; records are append-only, so remove them (Snakemake does before a rerun) to "
             "train again"
+        )
+    stops = prereg.budget_for(pins["arm"]).stop_at_target
+    if stops != (getattr(args, "stop_at_target", None) is not None):
+        raise ConfigError(
+            f"run {pins['arm']}: the pre-registration "
+            + (
+                "stops it at target: --stop-at-target must say how its checkpoints are judged"
+                if stops
+                else "trains it to the budget: --stop-at-target is not registered"
+            )
         )
     compute = compute_settings(pins["training"])
     if compute.device == "cuda":
@@ -312,8 +323,10 @@ class Accounting(TrainerCallback):
         console: Console,
         tracker,
         ranks: Ranks,
+        judge: StopJudge | None = None,
     ):
         self.run, self.budget, self.outputs = run, budget, outputs
+        self.judge = judge  # stop at target (budget.stop_at_target): None trains to the budget
         self.ranks = ranks
         self.journal, self.restart = journal, restart
         self.frozen_utc, self.processor = frozen_utc, processor
@@ -397,10 +410,30 @@ class Accounting(TrainerCallback):
             self.console.say(self._checkpoint_line(record))
             self.last_saved = name
             saved = True
+        decided = self._judge() if saved and self.judge else None
         self.journal.beat(ledger.wall_clock_s())
-        return saved, ledger.stop_reason(
+        return saved, decided or ledger.stop_reason(
             self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
         )
+
+    def _judge(self) -> str | None:
+        """Stop at target: the checkpoints so far judged with the clock paused; why to stop, or
+        None to go on."""
+        with self.run.ledger.paused(), self.run.times.span("judging"):
+            reason = self.judge(self.last_saved)
+        verdict = self.judge.verdicts[-1]
+        if verdict["decision"] == "failed":
+            self.console.say(
+                f"stop at target: the judge failed at {self.last_saved} (exit "
+                f"{verdict['exit']}; its log: {self.judge.settings['log']}): going on to the budget"
+            )
+        else:
+            self.console.say(
+                f"stop at target, {self.last_saved}: "
+                + (f"stop ({reason})" if reason else "go on")
+                + f", judged in {verdict.get('judged_s', 0):.1f} s (clock paused)"
+            )
+        return reason
 
     def on_save(self, args, state, control, **kwargs):
         """TRL's checkpoint of this step is whole: the run can resume from here."""
@@ -465,7 +498,8 @@ class Accounting(TrainerCallback):
             f"checkpoint {record['checkpoint']}: {valid}/{budget.max_valid_trajectories} valid "
             f"({100 * valid / budget.max_valid_trajectories:.0f}%), "
             f"{record['invalid_discarded']} invalid, train reward {reward}, {duration(wall)}, "
-            f"ETA {duration(left) if left != float('inf') else '?'} (held-out: its eval job)"
+            f"ETA {duration(left) if left != float('inf') else '?'} "
+            + ("(held-out: judged now, clock paused)" if self.judge else "(held-out: its eval job)")
         )
 
     def _save(self, model, name: str, step: int) -> dict:
@@ -542,6 +576,7 @@ def build_trainer(
         console,
         tracker,
         ranks,
+        stop_judge(inputs, args, outputs, journal) if ranks.main else None,
     )
     trainer = ResumableGRPOTrainer(
         model=prepared.model,
@@ -561,6 +596,23 @@ def build_trainer(
         tool_calls=ToolCalls(settings.parallel_steps, run.times, run.clock.env_call),
     )
     return trainer, callback
+
+
+def stop_judge(inputs: RunInputs, args, outputs: Outputs, journal: Journal) -> StopJudge | None:
+    """The stop-at-target judge of a run whose budget stops at target (the A/B's runs where the
+    pre-registration says so; never a control's), or None."""
+    if not inputs.prereg.budget_for(inputs.arm).stop_at_target:
+        return None
+    return StopJudge(
+        frozen=["--target", args.target, "--receipts", *args.receipts, "--pins", args.pins],
+        checkpoint_records=outputs.checkpoint_records,
+        checkpoints=outputs.checkpoints,
+        settings=args.stop_at_target,
+        # this process's judgments: a restarted run judges its checkpoints again (the store
+        # makes that cheap) rather than trust a verdict on a checkpoint it rolled back
+        judged=Path(tempfile.mkdtemp(prefix="judge-", dir=journal.dir)),
+        cores=args.cores,
+    )
 
 
 def grpo_config(
@@ -801,6 +853,14 @@ def write_record(
         "experiment_id": inputs.prereg.experiment_id,
         **ledger.counters(),
         "stop_reason": callback.stop_reason or "trainer_finished",
+        # Stop at target (budget.stop_at_target): each look's verdict, and the wall-clock spent
+        # judging with the clock paused (not in wall_clock_s).
+        "stop_at_target": (
+            {"verdicts": callback.judge.verdicts, "failures": callback.judge.failures}
+            if callback.judge
+            else None
+        ),
+        "paused_s": ledger.paused_s,
         "steps": trainer.state.global_step,
         "checkpoints": ledger.checkpoints,
         "started_utc": ledger.started_utc,
@@ -891,6 +951,16 @@ def main(argv: list[str] | None = None) -> int:
         help="writes: receipts/<exp>/train_<arm>_seed<k>.json, the training records' digests when"
         " the run ends (envab/run_receipts.py); none without it",
     )
+    parser.add_argument(
+        "--stop-at-target",
+        type=json.loads,
+        help="JSON: how the stop-at-target judge evaluates checkpoints (heldout, backend,"
+        " confirm_backend, store, log; rules/common.smk), where the pre-registration registers"
+        " budget.stop_at_target for this run",
+    )
+    parser.add_argument(
+        "--cores", type=int, default=1, help="the job's cores: the judge's evaluations' processes"
+    )
     parser.add_argument("--host-log", help="where an embedded host writes its log")
     parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")
     parser.add_argument("--log", help="the job's log; the console then gets a line per checkpoint")
@@ -901,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
         f"train {run_dir.parent.name} {run_dir.name}"
         + (f" rank {ranks.index}" if ranks.several else ""),
         rank_path(args.log, ranks),
-        "GRPO until the budget is spent",
+        "GRPO until the budget is spent (or, where registered, the target is decided)",
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
