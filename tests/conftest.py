@@ -165,6 +165,7 @@ FIRST = (
     "test_answer.py",
     "test_rehearsal.py",
     "test_xdesktop.py",
+    "test_slurm.py",  # a SLURM cluster's packages, then the small run through it
     "test_train.py",
     "test_eval_corruption_run.py",
     "test_multiturn_xdesktop.py",
@@ -201,6 +202,7 @@ INTEGRATION_FILES = {
     "test_runc.py",  # an OCI container per environment
     "test_scratch.py",
     "test_setup.py",
+    "test_slurm.py",  # a single-node SLURM cluster (cluster/slurm-local)
     "test_templated.py",
     "test_validate.py",
     "test_workflow_lint.py",

@@ -1,0 +1,144 @@
+"""The `.test` experiment on a real SLURM cluster: a single-node cluster on this machine
+(`cluster/slurm-local up`, Debian's slurm-wlm, slurmdbd, munge and MariaDB, installed by the
+script where missing), the workflow submitted through `snakemake-executor-plugin-slurm` with
+profiles/slurm-local. Every job the plugin submitted is in sacct and COMPLETED, the run's
+checkpoint digests are a local run's, and `verify` passes. The cluster goes down at the end
+unless it was up before the test."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import copy_workflow
+
+from envab import digests
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "cluster" / "slurm-local"
+PROFILE = REPO / "profiles" / "slurm-local"
+# What a run writes into `.test`; the copy takes the rest (its config, target, anchors, digests).
+RUN_OUTPUTS = {"results", "receipts", "logs", "benchmarks", ".snakemake", "report.html"}
+
+
+def why_no_cluster() -> str | None:
+    if os.geteuid() != 0:
+        return "a SLURM cluster needs root: its daemons run as root (cluster/slurm-local)"
+    if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
+        return "no apt-get to install slurm-wlm, slurmdbd, munge and mariadb-server"
+    return None
+
+
+def script(action: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SCRIPT), action], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = why_no_cluster()
+    if reason:
+        if os.environ.get("CI") == "true":  # CI runs as root on Debian: this must run there
+            pytest.fail(reason)
+        pytest.skip(reason)
+    was_up = script("status", 60).returncode == 0
+    up = script("up", 900)  # a first `up` installs the packages
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    yield up.stdout
+    if not was_up:
+        down = script("down", 300)
+        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+
+
+def small_run_copy(dest: Path) -> Path:
+    """The workflow and `.test` as committed, without any run's outputs."""
+    dest.mkdir(parents=True)
+    copy_workflow(dest)
+    shutil.copytree(
+        REPO / ".test", dest / ".test", ignore=lambda _d, names: RUN_OUTPUTS & set(names)
+    )
+    return dest
+
+
+def snakemake(root: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--directory", ".test", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def sacct(run_id: str) -> dict[str, tuple[str, str]]:
+    """Job id -> (state, rule) of every job of one Snakemake run: the plugin names each job
+    after the run and comments it with its rule (kept by the cluster: job_comment)."""
+    since = f"{datetime.now() - timedelta(days=2):%Y-%m-%dT%H:%M}"  # sacct's default: today
+    listing = subprocess.run(
+        ["sacct", "-P", "-n", "-X", "--format=JobID,JobName,State,Comment"]
+        + ["--starttime", since, "--name", run_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split("|") for line in listing.stdout.splitlines() if line]
+    assert rows and all(name == run_id for _, name, _, _ in rows), listing.stdout
+    return {job: (state, comment.split("_wildcards_")[0]) for job, _, state, comment in rows}
+
+
+def test_the_small_run_on_a_single_node_slurm_cluster(cluster, tmp_path):
+    root = small_run_copy(tmp_path / "slurm")
+    run = snakemake(root, "--profile", str(PROFILE), timeout=1500)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+
+    # Every job went through SLURM, and sacct (slurmdbd) has each one, COMPLETED.
+    run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", out)
+    assert len(submitted) >= 10, out[-6000:]  # the freeze, sft, train, four evaluations, ...
+    jobs = sacct(run_id)
+    assert sorted(jobs) == sorted(submitted), (jobs, submitted)
+    assert {state for state, _ in jobs.values()} == {"COMPLETED"}, jobs
+    rules = [rule for _, rule in jobs.values()]
+    assert {"rule_sft", "rule_train", "rule_eval"} <= set(rules), rules
+    assert rules.count("rule_eval") >= 2, rules  # an evaluation per checkpoint, each a job
+
+    # The checkpoints are bit for bit a local run's: the digests recorded for this machine kind
+    # (.test/digests.yaml), or, where this kind has none, a local run made here.
+    check = subprocess.run(
+        [sys.executable, "-m", "envab.digests", "check", ".test"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    run_name = "drums/seed1"
+    experiment = digests.experiment_of(root / ".test")
+    on_slurm = digests.run_digests(
+        digests.records_path(root / ".test", {"experiment": experiment, "run": run_name})
+    )
+    if "checkpoint digests unchanged" in check.stdout:
+        assert f"({len(on_slurm)} checkpoints" in check.stdout, check.stdout
+    else:
+        assert "no digests recorded for this machine kind" in check.stdout, check.stdout
+        local_root = small_run_copy(tmp_path / "local")
+        local = snakemake(local_root, "--cores", "all", timeout=1500)
+        assert local.returncode == 0, (local.stdout + local.stderr)[-6000:]
+        here = digests.run_digests(
+            digests.records_path(local_root / ".test", {"experiment": experiment, "run": run_name})
+        )
+        assert digests.compare(here, on_slurm) == [], (here, on_slurm)
+    assert len(on_slurm) >= 2, on_slurm  # the warm start's checkpoint and GRPO's
+
+    # The run's receipts check out.
+    verify = snakemake(root, "--cores", "1", "verify", timeout=600)
+    assert verify.returncode == 0, (verify.stdout + verify.stderr)[-6000:]
+    counts = re.search(r"verify: (\d+) ok, (\d+) failed", verify.stdout + verify.stderr)
+    assert counts and int(counts.group(1)) > 0 and counts.group(2) == "0", verify.stdout[-3000:]
