@@ -32,6 +32,11 @@ def why_no_cluster() -> str | None:
         return "a SLURM cluster needs root: its daemons run as root (cluster/slurm-local)"
     if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
         return "no apt-get to install slurm-wlm, slurmdbd, munge and mariadb-server"
+    conf = Path("/etc/slurm/slurm.conf")  # the script's link, or a SLURM it must not replace
+    ours = Path(os.environ.get("ENVAB_SLURM_DIR", "/run/envab-slurm")) / "slurm.conf"
+    ours_there = conf.is_symlink() and Path(os.readlink(conf)) == ours
+    if (conf.is_symlink() or conf.exists()) and not ours_there:
+        return f"{conf} is another SLURM's: cluster/slurm-local will not replace it"
     return None
 
 
@@ -48,6 +53,8 @@ def cluster():
         pytest.skip(reason)
     was_up = script("status", 60).returncode == 0
     up = script("up", 900)  # a first `up` installs the packages
+    if up.returncode != 0 and not was_up:
+        script("down", 300)  # what started before the step that failed
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     yield up.stdout
     if not was_up:
