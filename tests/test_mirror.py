@@ -184,3 +184,12 @@ def test_verify_names_a_mirror_file_whose_bytes_changed(tmp_path, hosts, capsys)
     assert make(root, made) == 1
     assert sorted(hosts.gets) == ["/b.txt", "/gone.txt"]
     assert victim.read_bytes() == b"beta\n" and problems(made) == []
+
+
+def test_a_host_that_does_not_resolve_is_missing_not_private(tmp_path, capsys):
+    # .invalid never resolves (RFC 6761): what every file host looks like without network
+    root = write_set(tmp_path / "set", "http://files.invalid")
+    assert mirror.main(["make", "--dir", str(root), "--out", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert err.count(": file:missing: not fetched: 'files.invalid' does not resolve") == 3
+    assert "file:private_host" not in err

@@ -74,13 +74,16 @@ class Limits:
 
 def private_host(url: str) -> str | None:
     """Why `url`'s host is off limits (None: every address it resolves to is public): loopback,
-    private, link-local, reserved, multicast or unspecified. Checked again at each redirect; a
-    name that resolves otherwise between the check and the connection is not caught."""
+    private, link-local, reserved, multicast or unspecified; Unfetchable (file:missing) when it
+    does not resolve. Checked again at each redirect; a name that resolves otherwise between the
+    check and the connection is not caught."""
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except OSError as e:
-        return f"{host!r} does not resolve ({e})"
+        # no address to judge, and none to reach: missing (no network, or no such host), not
+        # private, which would send the user to the wrong switch
+        raise Unfetchable("file:missing", f"not fetched: {host!r} does not resolve ({e})") from None
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
         if not address.is_global or address.is_multicast:
