@@ -46,8 +46,8 @@ RUNTIME = {
     "changed under the concurrent tool calls, and the run stops",
     "UnsampleableToken": "a turn held a token no turn may contain: its episode is invalid",
     "VMDied": "a QEMU VM died: its environment fails a gate",
-    "_Refused": "internal to the freeze's fetch: one URL that cannot be frozen, reported as "
-    "its task's reason (file:missing, ...) or refused by the tasks job",
+    "Unfetchable": "one URL the freeze's fetch cannot store, reported as its task's reason "
+    "(file:missing, ...) or refused by the tasks job; the mirror maker lists it and goes on",
     "_Unreachable": "internal to the Drums client: the host did not answer; carries the gate",
 }
 

@@ -74,13 +74,16 @@ class Limits:
 
 def private_host(url: str) -> str | None:
     """Why `url`'s host is off limits (None: every address it resolves to is public): loopback,
-    private, link-local, reserved, multicast or unspecified. Checked again at each redirect; a
-    name that resolves otherwise between the check and the connection is not caught."""
+    private, link-local, reserved, multicast or unspecified; Unfetchable (file:missing) when it
+    does not resolve. Checked again at each redirect; a name that resolves otherwise between the
+    check and the connection is not caught."""
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except OSError as e:
-        return f"{host!r} does not resolve ({e})"
+        # no address to judge, and none to reach: missing (no network, or no such host), not
+        # private, which would send the user to the wrong switch
+        raise Unfetchable("file:missing", f"not fetched: {host!r} does not resolve ({e})") from None
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
         if not address.is_global or address.is_multicast:
@@ -92,7 +95,7 @@ class FileChanged(TaskSourceError):
     """A URL whose bytes are not the ones the registered map expects: always a refusal."""
 
 
-class _Refused(Exception):
+class Unfetchable(Exception):
     """One URL that cannot be frozen: `reason` is its report name (file:missing, ...)."""
 
     def __init__(self, reason: str, detail: str):
@@ -152,7 +155,7 @@ class Freezer:
         self.expect = read_map(expect)["files"] if expect is not None else {}
         self.expect_path = expect
         self.files: dict[str, dict] = {}  # url -> {sha256, size}: fetched this freeze
-        self.refused: dict[str, _Refused] = {}  # url -> why not, so it is tried once
+        self.refused: dict[str, Unfetchable] = {}  # url -> why not, so it is tried once
         self.tasks: dict[str, list[str]] = {}  # task id -> its URLs (tasks with no problem)
         self.opener = _opener(self.limits.allow_private_hosts)
 
@@ -169,7 +172,7 @@ class Freezer:
         for d in wanted:
             try:
                 self._url(d.url)
-            except _Refused as e:
+            except Unfetchable as e:
                 problems.append((e.reason, f"{d.where}: {d.url}: {e}"))
                 continue
             got, want = self.files[d.url]["sha256"], self.expect.get(d.url, {}).get("sha256")
@@ -191,9 +194,9 @@ class Freezer:
         try:
             bad = problem(url)
             if bad:
-                raise _Refused("file:scheme", bad)
+                raise Unfetchable("file:scheme", bad)
             entry = self._from_mirror(url) if self.mirrored is not None else self._fetch(url)
-        except _Refused as e:
+        except Unfetchable as e:
             self.refused[url] = e
             raise
         self.files[url] = entry
@@ -208,75 +211,28 @@ class Freezer:
     def _from_mirror(self, url: str) -> dict:
         entry = self.mirrored.get(url)
         if entry is None:
-            raise _Refused("file:missing", f"not in the mirror {self.mirror}")
+            raise Unfetchable("file:missing", f"not in the mirror {self.mirror}")
         if entry["size"] > self.limits.max_file_bytes:
-            raise _Refused("file:too_large", self._too_large(entry["size"]))
+            raise Unfetchable("file:too_large", self._too_large(entry["size"]))
         src = blob(self.mirror / STORE, entry["sha256"])
         if not src.is_file() or sha256_file(src) != entry["sha256"]:
-            raise _Refused("file:missing", f"the mirror's {src} is missing or not its digest")
+            raise Unfetchable("file:missing", f"the mirror's {src} is missing or not its digest")
         size = src.stat().st_size  # the bytes', not the map's word for them
         if size != entry["size"]:
-            raise _Refused("file:missing", f"the mirror's {src} has {size} bytes, its map says "
+            raise Unfetchable("file:missing", f"the mirror's {src} has {size} bytes, its map says "
                                            f"{entry['size']}")  # fmt: skip
         if size > self.limits.max_file_bytes:
-            raise _Refused("file:too_large", self._too_large(size))
+            raise Unfetchable("file:too_large", self._too_large(size))
         dest = blob(self.store, entry["sha256"])
         if not dest.exists():
             shutil.copyfile(src, dest)
         return {"sha256": entry["sha256"], "size": size}
 
     def _fetch(self, url: str) -> dict:
-        """One GET, streamed to a temporary file in the store while it is hashed and counted."""
-        where = None if self.limits.allow_private_hosts else private_host(url)
-        if where:
-            raise _Refused(
-                "file:private_host",
-                f"not fetched: {where} (a task file may not reach this machine's network; "
-                "tasks.osworld.files.allow_private_hosts)",
-            )
-        deadline = time.monotonic() + self.limits.deadline_s
-        digest, size = hashlib.sha256(), 0
-        fd, tmp = tempfile.mkstemp(prefix=".part-", dir=self.store)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                request = urllib.request.Request(url, headers={"User-Agent": "env-ab-freeze"})
-                # the socket's timeout bounds one wait; the deadline is checked after each read
-                wait = min(self._left(deadline), STALL_S)
-                with self.opener.open(request, timeout=wait) as reply:
-                    length = reply.headers.get("Content-Length")
-                    if length and length.isdigit() and int(length) > self.limits.max_file_bytes:
-                        raise _Refused("file:too_large", self._too_large(int(length)))
-                    while chunk := reply.read1(CHUNK):  # what one read brought: a drip is counted
-                        size += len(chunk)
-                        if size > self.limits.max_file_bytes:
-                            raise _Refused("file:too_large", self._too_large(size, "over"))
-                        digest.update(chunk)
-                        f.write(chunk)
-                        self._left(deadline)
-            entry = {"sha256": digest.hexdigest(), "size": size}
-            os.replace(tmp, blob(self.store, entry["sha256"]))
-            return entry
-        except urllib.error.HTTPError as e:
-            raise _Refused("file:missing", f"HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            raise _Refused("file:missing", f"not fetched ({reason})") from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-    def _left(self, deadline: float) -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _Refused("file:missing", f"not fetched within {self.limits.deadline_s} s")
-        return left
+        return fetch_url(url, self.store, self.limits, self.opener)
 
     def _too_large(self, size: int, word: str = "") -> str:
-        said = f"{word} {size}" if word else str(size)
-        return (
-            f"{said} bytes, over the {self.limits.max_file_bytes} a file may have "
-            "(tasks.osworld.files.max_file_mb)"
-        )
+        return too_large(size, self.limits, word)
 
     # --- the freeze's output ----------------------------------------------------------------
 
@@ -304,6 +260,70 @@ class Freezer:
             shutil.rmtree(self.store, ignore_errors=True)
 
 
+def fetch_url(
+    url: str, store: Path, limits: Limits, opener: urllib.request.OpenerDirector | None = None
+) -> dict:
+    """One GET of `url`, within `limits`, streamed to a temporary file in `store` while it is
+    hashed and counted, then renamed to `store/<sha256>`: its {sha256, size}, or Unfetchable
+    naming why not (the freeze's and the mirror maker's one way to fetch)."""
+    bad = problem(url)
+    if bad:
+        raise Unfetchable("file:scheme", bad)
+    where = None if limits.allow_private_hosts else private_host(url)
+    if where:
+        raise Unfetchable(
+            "file:private_host",
+            f"not fetched: {where} (a task file may not reach this machine's network; "
+            "tasks.osworld.files.allow_private_hosts)",
+        )
+    opener = opener or _opener(limits.allow_private_hosts)
+    deadline = time.monotonic() + limits.deadline_s
+    digest, size = hashlib.sha256(), 0
+    fd, tmp = tempfile.mkstemp(prefix=".part-", dir=store)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            request = urllib.request.Request(url, headers={"User-Agent": "env-ab-freeze"})
+            # the socket's timeout bounds one wait; the deadline is checked after each read
+            wait = min(_left(deadline, limits), STALL_S)
+            with opener.open(request, timeout=wait) as reply:
+                length = reply.headers.get("Content-Length")
+                if length and length.isdigit() and int(length) > limits.max_file_bytes:
+                    raise Unfetchable("file:too_large", too_large(int(length), limits))
+                while chunk := reply.read1(CHUNK):  # what one read brought: a drip is counted
+                    size += len(chunk)
+                    if size > limits.max_file_bytes:
+                        raise Unfetchable("file:too_large", too_large(size, limits, "over"))
+                    digest.update(chunk)
+                    f.write(chunk)
+                    _left(deadline, limits)
+        entry = {"sha256": digest.hexdigest(), "size": size}
+        os.replace(tmp, blob(store, entry["sha256"]))
+        return entry
+    except urllib.error.HTTPError as e:
+        raise Unfetchable("file:missing", f"HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise Unfetchable("file:missing", f"not fetched ({reason})") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _left(deadline: float, limits: Limits) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Unfetchable("file:missing", f"not fetched within {limits.deadline_s} s")
+    return left
+
+
+def too_large(size: int, limits: Limits, word: str = "") -> str:
+    said = f"{word} {size}" if word else str(size)
+    return (
+        f"{said} bytes, over the {limits.max_file_bytes} a file may have "
+        "(tasks.osworld.files.max_file_mb)"
+    )
+
+
 def not_frozen(t: SourcedTask) -> list[tuple[str, str]]:
     """Without a freeze of its files, each file `t` downloads is a reason it cannot run: the
     X desktop gets a task's files only from the store (`file:not_frozen`)."""
@@ -320,4 +340,13 @@ def not_frozen(t: SourcedTask) -> list[tuple[str, str]]:
     ]
 
 
-__all__ = ["SCHEMES", "FileChanged", "Freezer", "Limits", "not_frozen"]
+__all__ = [
+    "SCHEMES",
+    "FileChanged",
+    "Freezer",
+    "Limits",
+    "Unfetchable",
+    "fetch_url",
+    "not_frozen",
+    "too_large",
+]
