@@ -7,11 +7,15 @@ unless it was up before the test."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -44,6 +48,24 @@ def script(action: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([str(SCRIPT), action], capture_output=True, text=True, timeout=timeout)
 
 
+@contextmanager
+def one_session_at_a_time(timeout: float = 1800):
+    """The cluster is the machine's one (its ports, /etc/slurm/slurm.conf): a second test
+    session on this machine, e.g. CI in a clone beside a checkout, waits for the first, which
+    would otherwise take the cluster down under the second's jobs."""
+    with open(Path(tempfile.gettempdir()) / "envab-slurm-test.lock", "w") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test session held the SLURM cluster for {timeout} s")
+                time.sleep(5)
+        yield
+
+
 @pytest.fixture(scope="module")
 def cluster():
     reason = why_no_cluster()
@@ -51,15 +73,16 @@ def cluster():
         if os.environ.get("CI") == "true":  # CI runs as root on Debian: this must run there
             pytest.fail(reason)
         pytest.skip(reason)
-    was_up = script("status", 60).returncode == 0
-    up = script("up", 900)  # a first `up` installs the packages
-    if up.returncode != 0 and not was_up:
-        script("down", 300)  # what started before the step that failed
-    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-    yield up.stdout
-    if not was_up:
-        down = script("down", 300)
-        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+    with one_session_at_a_time():
+        was_up = script("status", 60).returncode == 0  # someone's cluster: left up at the end
+        up = script("up", 900)  # a first `up` installs the packages
+        if up.returncode != 0 and not was_up:
+            script("down", 300)  # what started before the step that failed
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        yield up.stdout
+        if not was_up:
+            down = script("down", 300)
+            assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
 
 
 def small_run_copy(dest: Path) -> Path:
@@ -101,7 +124,7 @@ def sacct(run_id: str) -> dict[str, tuple[str, str]]:
 
 def test_the_small_run_on_a_single_node_slurm_cluster(cluster, tmp_path):
     root = small_run_copy(tmp_path / "slurm")
-    run = snakemake(root, "--profile", str(PROFILE), timeout=1500)
+    run = snakemake(root, "--profile", str(PROFILE), timeout=900)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
 
@@ -136,7 +159,7 @@ def test_the_small_run_on_a_single_node_slurm_cluster(cluster, tmp_path):
     else:
         assert "no digests recorded for this machine kind" in check.stdout, check.stdout
         local_root = small_run_copy(tmp_path / "local")
-        local = snakemake(local_root, "--cores", "all", timeout=1500)
+        local = snakemake(local_root, "--cores", "all", timeout=900)
         assert local.returncode == 0, (local.stdout + local.stderr)[-6000:]
         here = digests.run_digests(
             digests.records_path(local_root / ".test", {"experiment": experiment, "run": run_name})
