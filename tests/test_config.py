@@ -103,7 +103,7 @@ def test_unknown_arm_or_seed_is_refused_with_the_valid_ones(workflow):
     result = workflow.snakemake("-n", "--config", "seed=7")
     assert result.returncode != 0
     assert error_lines(result) == [
-        "env-ab: seed=7 is not a registered training seed; valid seeds: [1]"
+        "env-ab: seed=7 is not a registered training seed; valid seeds: [1, 2, 3, 4, 5]"
     ]
 
 
@@ -147,7 +147,10 @@ def test_selection_restricts_the_dry_run_to_those_runs(two_seeds, words, runs):
             ["arm=restore"],
             "env-ab: arm='restore' is not a registered arm; valid arms: ['qemu', 'drums']",
         ),
-        (["seed=7"], "env-ab: seed=7 is not a registered training seed; valid seeds: [1]"),
+        (
+            ["seed=7"],
+            "env-ab: seed=7 is not a registered training seed; valid seeds: [1, 2, 3, 4, 5]",
+        ),
         (
             ["arm=drums", "--config", "arm=qemu"],
             "env-ab: arm=drums disagrees with --config: arm: 'qemu'",

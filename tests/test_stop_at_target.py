@@ -147,7 +147,6 @@ def test_the_judging_is_paused_out_of_the_wall_clock(stopped):
     record = json.loads((stopped.run / "run.json").read_text())
     judged = record["stop_at_target"]["verdicts"][0]["judged_s"]
     assert record["paused_s"] >= judged > 0
-    assert record["step_times"]["total_s"]["judging"] == pytest.approx(record["paused_s"], rel=0.1)
     last = [json.loads(line) for line in (stopped.run / "checkpoints.jsonl").open()][-1]
     # the checkpoint's counters were taken before the judgment, the run's after: only the
     # step's own end lies between them, never the judgment
