@@ -60,31 +60,21 @@ def judge(args) -> dict:
     prereg = preregistration.Preregistration.load(args.target)
     judged = Path(args.judged)
     (judged / "eval").mkdir(parents=True, exist_ok=True)
-    frozen = ["--target", args.target, "--receipts", *args.receipts, "--pins", args.pins]
+    # what the evaluation and the confirmation are both given, as their rules give it
+    common = [
+        *("--target", args.target, "--receipts", *args.receipts, "--pins", args.pins),
+        *("--checkpoint-records", args.checkpoint_records, "--heldout", args.heldout),
+        *("--store", args.store, "--cores", str(args.cores)),
+    ]
     records = list(read_jsonl(args.checkpoint_records))
     evals = {}
     for record in records:
         name = record["checkpoint"]
         out = judged / "eval" / f"{name}.json"
         if not out.is_file():
+            checkpoint = str(Path(args.checkpoints) / name)
             code = heldout.main(
-                [
-                    *frozen,
-                    "--checkpoint-records",
-                    args.checkpoint_records,
-                    "--checkpoint",
-                    str(Path(args.checkpoints) / name),
-                    "--heldout",
-                    args.heldout,
-                    "--backend",
-                    args.backend,
-                    "--out",
-                    str(out),
-                    "--store",
-                    args.store,
-                    "--cores",
-                    str(args.cores),
-                ]
+                [*common, "--checkpoint", checkpoint, "--backend", args.backend, "--out", str(out)]
             )
             if code:
                 raise Refusal(f"the held-out evaluation of {name} failed (exit {code})")
@@ -100,23 +90,9 @@ def judge(args) -> dict:
         out = judged / "confirm.json"
         code = confirm.main(
             [
-                *frozen,
-                "--checkpoint-records",
-                args.checkpoint_records,
-                "--evals",
-                *evals.values(),
-                "--checkpoints",
-                args.checkpoints,
-                "--heldout",
-                args.heldout,
-                "--backend",
-                args.confirm_backend,
-                "--out",
-                str(out),
-                "--store",
-                args.store,
-                "--cores",
-                str(args.cores),
+                *common,
+                *("--evals", *evals.values(), "--checkpoints", args.checkpoints),
+                *("--backend", args.confirm_backend, "--out", str(out)),
             ]
         )
         if code:
