@@ -12,6 +12,7 @@ request to the environment, which the test's `http` records.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import resource
@@ -133,10 +134,44 @@ def answer(evaluator, http):
     return evaluator["value"]
 
 
+def _browser(evaluator) -> socket.socket:
+    """A connection to the browser's debugging port as desktop-env's getters make it."""
+    return socket.create_connection(("127.0.0.1", evaluator.get("port", 1337)), timeout=10)
+
+
+def browser_echo(evaluator, http) -> float:
+    """Say `say` on the browser's port and send what came back (`want` bytes, or to the end; its
+    sha256 with `digest`) to the environment's /file; the connection is left open, as a getter
+    that crashed leaves it."""
+    conn = _browser(evaluator)
+    conn.sendall(evaluator["say"].encode())
+    got = b""
+    while len(got) < evaluator["want"]:
+        chunk = conn.recv(2**16)
+        if not chunk:
+            break
+        got += chunk
+    if evaluator.get("digest"):
+        got = hashlib.sha256(got).digest()
+    http("POST", "/file", "application/octet-stream", got)
+    return 1.0
+
+
+def browser_closed(evaluator, http) -> float:
+    """1.0 when the browser's port is closed to this checker: refused, or ended unanswered."""
+    try:
+        conn = _browser(evaluator)
+    except OSError:
+        return 1.0
+    with conn:
+        conn.sendall(b"GET /json/version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        return 1.0 if conn.recv(1) == b"" else 0.0
+
+
 PROBES = {
     f.__name__: f
     for f in (
         *(write_marker, connect, facts, orphan, other_route, hang),
-        *(exit_early, allocate, raw_frame, raw_bytes, answer),
+        *(exit_early, allocate, raw_frame, raw_bytes, answer, browser_echo, browser_closed),
     )
 }

@@ -94,6 +94,7 @@ class Access:
 
     def __init__(self, env: Environment):
         self.http = env.http
+        self.browser = None  # no browser here (tests/test_browser_port.py has a stand-in)
         self.postconfig_steps: list = []
 
     def postconfig(self, steps: list) -> None:

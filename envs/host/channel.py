@@ -42,6 +42,7 @@ REPLIES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "state": {"state": dict, "state_sha256": str},
     "postconfig": {"state_sha256": str},
     "http": {"status": int, "content_type": (str, type(None)), "body": bytes},
+    "browser": {"data": bytes, "open": bool},
     "ping": {"pid": int},
     "fork": {"pids": list},
 }
@@ -112,7 +113,7 @@ def check_reply(request: str, reply) -> dict:
         return reply
     for key, kind in REPLIES.get(request, {}).items():
         value = reply.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ChannelCorrupt(f"{request}: {key} is not {getattr(kind, '__name__', kind)}")
     return reply
 

@@ -735,7 +735,8 @@ class Pool:
 
 class _Access:
     """An environment's in-environment server, for a checker that reads it (one evaluation,
-    under the environment's lock): raw requests, and the evaluator's post-config steps."""
+    under the environment's lock): raw requests, turns of a stream to its browser, and the
+    evaluator's post-config steps."""
 
     def __init__(self, pool: Pool, env: Environment):
         self.pool, self.env = pool, env
@@ -753,6 +754,11 @@ class _Access:
             return cloud_file_reply(path, self.pool.files)
         request = ("http", method, path, content_type, body)
         return self._ask(request, self.pool.config.step_timeout_s)
+
+    def browser(self, stream: int, data: bytes, close: bool, wait: float) -> dict:
+        """One turn of a byte stream to the browser's debugging port in the environment
+        (envs/xdesktop/debugging.py)."""
+        return self._ask(("browser", stream, data, close, wait), self.pool.config.step_timeout_s)
 
     def postconfig(self, steps: list) -> None:
         for message in stage_messages(steps, self.pool.files):  # FileNotFrozen: no score

@@ -12,7 +12,9 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
   gets goes to the host as a frame on the process's standard output, and the host answers it on
   standard input with the environment's `http` callable, only for the routes the desktop's
   getters read (`routes`; anything else is answered 403). The environment still serves the
-  files; the checker reaches nothing else.
+  files; the checker reaches nothing else. A task whose getters ask the browser gets one more
+  way out: its debugging port, as byte streams in turns (`envab.envs.xdesktop.debugging`),
+  which the host carries to the environment's browser and nowhere else.
 - having imported the metrics and getters the task names (`preload`, from desktop-env's own
   modules by name only), with the interpreter's folders reachable after the uid change (as root,
   in a mount namespace of its own: `confine._reachable`, for an interpreter under /root): resource
@@ -22,11 +24,12 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
   Only then does a getter or metric run.
 
 Frames are the channel's (`envs/host/channel.py`: length-prefixed JSON, bytes as base64): the
-checker sends `{"http": [method, path, content type, body]}` (at most `REQUEST_MAX` bytes) and
-ends with `{"score": x}` or `{"error": name}`. The host takes a score only as a finite number in
-[0, 1]; anything else — an error, a crash, garbage or an oversize frame on its output, no score
-by the total deadline (then it is killed) — raises `CheckerFailed`, whose `failure` the pool
-records as the audit flag `checker_<failure>` of an invalid attempt (gate verifier_available).
+checker sends `{"http": [method, path, content type, body]}` or `{"browser": [stream, data,
+close, wait]}` (at most `REQUEST_MAX` bytes) and ends with `{"score": x}` or `{"error":
+name}`. The host takes a score only as a finite number in [0, 1]; anything else — an error, a
+crash, garbage or an oversize frame on its output, no score by the total deadline (then it is
+killed) — raises `CheckerFailed`, whose `failure` the pool records as the audit flag
+`checker_<failure>` of an invalid attempt (gate verifier_available).
 
 Where the confinement cannot be had (no network or process namespace: not root and no user
 namespaces; a uid change refused), the checker refuses with `{"error": "ConfinementError"}`,
@@ -63,7 +66,7 @@ from envab.envs.host.channel import (
     PipeChannel,
     check_reply,
 )
-from envab.envs.xdesktop import confine
+from envab.envs.xdesktop import confine, debugging
 from envab.envs.xdesktop.confine import ConfinementError, Limits
 
 log = logging.getLogger(__name__)
@@ -96,14 +99,18 @@ def run(
     routes: Collection[str],
     limits: Limits | None = None,
     entry: str = DEFAULT_ENTRY,
+    browser: debugging.Turn | None = None,
 ) -> float:
     """The score of `evaluator` from a confined checker process, which reads the environment
-    only through `http`, on `routes`. `entry`: the module (or a .py file) that scores; the
-    host's code names it, a task file cannot."""
+    only through `http`, on `routes`, and, given `browser` (the environment's turns of a stream
+    to its browser's debugging port), through that port. `entry`: the module (or a .py file)
+    that scores; the host's code names it, a task file cannot."""
     limits = limits or Limits()
+    streams = debugging.Streams(browser) if browser is not None else None
     home = tempfile.mkdtemp(prefix="envab-checker-")
     try:
-        Path(home, JOB).write_text(json.dumps({"evaluator": evaluator}))
+        job = {"evaluator": evaluator, "browser": streams is not None}
+        Path(home, JOB).write_text(json.dumps(job))
         if os.geteuid() == 0:
             os.chown(home, limits.uid, limits.gid)
         with tempfile.TemporaryFile() as stderr:
@@ -119,7 +126,7 @@ def run(
             )
             grace = 0.0
             try:
-                score = _serve(proc, http, frozenset(routes), limits)
+                score = _serve(proc, http, frozenset(routes), limits, streams)
                 grace = EXIT_GRACE_S
                 return score
             except CheckerFailed as e:
@@ -129,11 +136,19 @@ def run(
                 raise
             finally:
                 _end(proc, grace)
+                if streams is not None:
+                    streams.close()
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _serve(proc: subprocess.Popen, http: Http, routes: frozenset, limits: Limits) -> float:
+def _serve(
+    proc: subprocess.Popen,
+    http: Http,
+    routes: frozenset,
+    limits: Limits,
+    streams: debugging.Streams | None,
+) -> float:
     """Answer the checker's requests until its score, its deadline or its end."""
     channel = PipeChannel(proc.stdout.fileno(), proc.stdin.fileno(), max_frame=REQUEST_MAX)
     deadline = time.monotonic() + limits.deadline_s
@@ -159,9 +174,12 @@ def _serve(proc: subprocess.Popen, http: Http, routes: frozenset, limits: Limits
             if name == ConfinementError.__name__:
                 raise CheckerFailed("sandbox", "the checker's confinement was refused")
             raise CheckerFailed("crash", f"the checker raised {name}")
-        if kind != "http":
+        if kind == "http":
+            reply = _answer(message["http"], http, routes)
+        elif kind == "browser":
+            reply = _turn(message["browser"], streams)
+        else:
             raise CheckerFailed("garbage", f"a message {kind[:40]!r}")
-        reply = _answer(message["http"], http, routes)
         try:
             channel.send(reply)
         except FrameTooLarge as e:
@@ -188,6 +206,21 @@ def _answer(request, http: Http, routes: frozenset) -> dict:
     except Exception as e:  # the environment's channel: dead, late or out of step
         raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
     return {k: reply[k] for k in ("status", "content_type", "body")}
+
+
+def _turn(request, streams: debugging.Streams | None) -> dict:
+    """The environment's answer to one turn of a browser stream; a checker whose task's getters
+    do not ask the browser finds the port closed."""
+    try:
+        stream, data, close, wait = debugging.turn(request)
+    except ValueError as e:
+        raise CheckerFailed("garbage", str(e)) from None
+    if streams is None:
+        return {"data": b"", "open": False}
+    try:
+        return streams(stream, data, close, wait)
+    except Exception as e:  # the environment's channel: dead, late or out of step
+        raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
 
 
 def _score(value) -> float:
@@ -228,16 +261,24 @@ def _end(proc: subprocess.Popen, grace: float) -> None:
 # --- the checker's side ------------------------------------------------------------------------
 
 
-def _relay_http(channel: PipeChannel) -> Http:
-    """The checker's way to the environment: one request at a time, over its standard output."""
-    lock = threading.Lock()
+class _Host:
+    """The checker's ways to the environment, over its standard output: one request or turn
+    at a time."""
 
-    def http(method: str, path: str, content_type: str, body: bytes) -> Mapping:
-        with lock:
-            channel.send({"http": [method, path, content_type, bytes(body)]})
-            return check_reply("http", channel.recv())
+    def __init__(self, channel: PipeChannel):
+        self.channel = channel
+        self.lock = threading.Lock()
 
-    return http
+    def _ask(self, kind: str, request: list) -> Mapping:
+        with self.lock:
+            self.channel.send({kind: request})
+            return check_reply(kind, self.channel.recv())
+
+    def http(self, method: str, path: str, content_type: str, body: bytes) -> Mapping:
+        return self._ask("http", [method, path, content_type, bytes(body)])
+
+    def browser(self, stream: int, data: bytes, close: bool, wait: float) -> Mapping:
+        return self._ask("browser", [stream, bytes(data), close, wait])
 
 
 def _entry(name: str):
@@ -263,11 +304,15 @@ def main(argv=None) -> int:
     try:
         confine.no_new_privileges()
         confine.isolate()
-        evaluator = json.loads(Path(args.home, JOB).read_text())["evaluator"]
+        job = json.loads(Path(args.home, JOB).read_text())
+        evaluator = job["evaluator"]
         module = _entry(args.entry)
         module.preload(evaluator)
         confine.drop(Limits(**json.loads(args.limits)))
-        score = module.score(evaluator, _relay_http(channel))
+        host = _Host(channel)
+        if job.get("browser"):  # after the drop: its threads are the unprivileged uid's too
+            debugging.PortRelay(host.browser).start()
+        score = module.score(evaluator, host.http)
         try:
             answer = {"score": float(score)}
         except (TypeError, ValueError, OverflowError):

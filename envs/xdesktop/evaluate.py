@@ -3,11 +3,13 @@
 OSWorld's `DesktopEnv.evaluate` runs the evaluator's `postconfig` set-up steps, then its result
 (and expected) getter — `get_<type>(env, config)` from `desktop_env.evaluators.getters`, which
 fetch state from the in-environment server through `env.controller` (desktop-env's
-`PythonController`) or straight over HTTP — and hands them to the metric named by `func` from
+`PythonController`), straight over HTTP, or from the browser over its debugging port with
+Playwright — and hands them to the metric named by `func` from
 `desktop_env.evaluators.metrics`. This does the same: the getters and metrics are desktop-env's
 functions, unchanged, and the controller is desktop-env's, talking to a loopback relay (`Relay`)
 that carries each request over the environment's channel to its in-environment server (a gVisor
-sandbox has no network to reach it on).
+sandbox has no network to reach it on); a task whose getters ask the browser also gets its
+debugging port, carried the same way (`envab.envs.xdesktop.debugging`).
 
 The host runs only the `postconfig` steps (set-up the environment executes, sent over its channel)
 and `evaluate`; the getters and metrics run in a confined checker process of their own
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from envab.envs.host.files import CLOUD_FILE_ROUTE
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
-from envab.envs.xdesktop import apps, checker, cloud_files
+from envab.envs.xdesktop import apps, checker, cloud_files, debugging
 from envab.envs.xdesktop.confine import Limits
 from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
 
@@ -53,8 +55,15 @@ SERVED_GETTERS = {
     # the host answers it from the task set's frozen files, not the environment (files.py)
     "cloud_file": CLOUD_FILE_ROUTE,
 }
+# desktop-env's Chrome getters that read the browser through its debugging port and nothing
+# else (`connect_over_cdp`); the others read the accessibility tree (`active_url_from_accessTree`
+# and what calls it), files in the browser's profile, or a cloud drive.
+BROWSER = "browser"
+SERVED_GETTERS |= dict.fromkeys(
+    ("open_tabs_info", "page_info", "info_from_website", "pdf_from_url", "chrome_saved_address",
+     "number_of_search_results", "gotoRecreationPage_and_get_html_content"), BROWSER)  # fmt: skip
 # the in-environment server's routes a checker may ask for: what the served getters read
-ROUTES = frozenset(route for route in SERVED_GETTERS.values() if route)
+ROUTES = frozenset(route for route in SERVED_GETTERS.values() if route and route.startswith("/"))
 DEFAULT_SCREEN = (1024, 768)
 # A task names its screen, and each size a host has not seen costs a display and a template: a
 # task file is untrusted, so the sizes it may ask for are bounded (4K at most; the smallest the
@@ -212,18 +221,37 @@ def unavailable(task: Mapping) -> list[str]:
     return [detail for _, detail in blockers(task)]
 
 
+def asks_browser(evaluator: Mapping) -> bool:
+    """Whether a getter of `evaluator` reads the browser over its debugging port."""
+    if evaluator.get("func") == INFEASIBLE:
+        return False
+    return any(
+        SERVED_GETTERS.get(getter.get("type")) == BROWSER
+        for _, result, exp, _ in _parts(evaluator)
+        for getter in (result, exp)
+        if isinstance(getter, Mapping)
+    )
+
+
 def evaluate(
-    evaluator: Mapping, http: Http, postconfig: Callable[[list], None], limits: Limits | None = None
+    evaluator: Mapping,
+    http: Http,
+    postconfig: Callable[[list], None],
+    limits: Limits | None = None,
+    browser: debugging.Turn | None = None,
 ) -> float:
     """The task's score, as OSWorld's DesktopEnv.evaluate computes it (`score`): the
     `postconfig` steps run here, through the environment's channel; the getters and metrics run
     in a confined checker process (`checker.run`) that reaches the environment only through
-    `http`, on `ROUTES`. `checker.CheckerFailed` when it gives no valid score."""
+    `http`, on `ROUTES`, and through `browser` (turns of a stream to the browser's debugging
+    port) when a getter asks the browser. `checker.CheckerFailed` when it gives no valid
+    score."""
     if evaluator.get("postconfig"):
         postconfig(list(evaluator["postconfig"]))
     if evaluator.get("func") == INFEASIBLE:
         raise Unavailable("an infeasible task is scored from the agent's last action")
-    return checker.run(evaluator, http, ROUTES, limits)
+    port = browser if asks_browser(evaluator) else None
+    return checker.run(evaluator, http, ROUTES, limits, browser=port)
 
 
 def by_final_action(evaluator: Mapping, last_action: str | None) -> float | None:
@@ -269,7 +297,7 @@ def score(evaluator: Mapping, http: Http) -> float:
             controller=controller_class()(vm_ip="127.0.0.1", server_port=relay.port),
             vm_ip="127.0.0.1",
             server_port=relay.port,
-            chromium_port=None,
+            chromium_port=debugging.DEBUGGING_PORT,  # the checker's relay (checker.run)
             vlc_port=None,
             cache_dir=cache,
             http_server=f"http://127.0.0.1:{relay.port}",
@@ -293,7 +321,7 @@ def score(evaluator: Mapping, http: Http) -> float:
 def check(evaluator: Mapping, state) -> float:
     """The host's checker for the X desktop: `state` is the environment's access (`http`,
     `postconfig`), not a snapshot of its state."""
-    return evaluate(evaluator, state.http, state.postconfig)
+    return evaluate(evaluator, state.http, state.postconfig, browser=state.browser)
 
 
 check.reads_environment = True  # the host passes the environment itself (envs/host/pool.py)

@@ -39,6 +39,7 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -61,6 +62,12 @@ MAX_LISTED, MAX_DEPTH = 10_000, 32
 # Where the host's frozen files wait for the set-up step that places them (`op_stage`): outside
 # HOME, so the state hash reads only what set-up placed; emptied after each set-up.
 STAGE = Path("/tmp/envab-files")
+# The browser's remote-debugging port, OSWorld's (Chromium's launcher adds it where a task names
+# none): the one port a checker's byte stream (`op_browser`) may open, inside this environment.
+DEBUGGING_PORT = 1337
+BROWSER_STREAMS = 8  # open at once: a getter holds one WebSocket, plus its HTTP look-ups
+BROWSER_CHUNK = 2**20  # the most one answer carries back; the rest waits for the next ask
+BROWSER_WAIT_S = 1.0  # the longest an ask waits for the browser's first byte
 
 
 def encode(message) -> bytes:
@@ -373,6 +380,8 @@ class Environment:
         self.shown: tuple[bytes, int] | None = None
         self.machine = False  # the environment is a whole machine (a QEMU guest), not a process
         self.staged: dict[str, Path] = {}  # url -> its file, delivered by the host (op_stage)
+        self.streams: dict[int, socket.socket] = {}  # a checker's byte streams (op_browser)
+        self.debugging_port = DEBUGGING_PORT
 
     def setup(self, config: list) -> None:
         """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate)."""
@@ -578,6 +587,44 @@ class Environment:
     def op_http(self, method, path, content_type, body):
         status, kind, out = self.routes.handle(method, path, content_type, body)
         return {"status": status, "content_type": kind, "body": out}
+
+    def op_browser(self, stream, data, close, wait):
+        """One turn of a byte stream to the browser's debugging port (`debugging_port`, nothing
+        else), for the host's checker: open `stream` on first use, send `data`, then answer
+        what the browser sent back within `wait` seconds (as soon as a first byte comes, what
+        else is ready with it). `open` false: the stream ended (closed by either end, or the
+        browser refused it)."""
+        if not (type(stream) is int and 0 <= stream < BROWSER_STREAMS):
+            raise ValueError(f"stream {str(stream)[:20]!r} is not one of 0..{BROWSER_STREAMS - 1}")
+        if close:
+            with contextlib.suppress(KeyError):
+                self.streams.pop(stream).close()
+            return {"data": b"", "open": False}
+        sock = self.streams.get(stream)
+        if sock is None:
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.debugging_port), timeout=5)
+            except OSError:
+                return {"data": b"", "open": False}
+            self.streams[stream] = sock
+        out, ended = bytearray(), False
+        try:
+            if data:
+                sock.sendall(data)
+            ready = select.select([sock], [], [], min(max(float(wait), 0.0), BROWSER_WAIT_S))[0]
+            while ready and len(out) < BROWSER_CHUNK:
+                chunk = sock.recv(BROWSER_CHUNK - len(out))
+                if not chunk:
+                    ended = True
+                    break
+                out += chunk
+                ready = select.select([sock], [], [], 0)[0]
+        except OSError:
+            ended = True
+        if ended:
+            sock.close()
+            del self.streams[stream]
+        return {"data": bytes(out), "open": not ended}
 
 
 # --- transports --------------------------------------------------------------------------------

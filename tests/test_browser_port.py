@@ -1,0 +1,144 @@
+"""The browser's debugging port reaches the confined checker (envs/xdesktop/debugging.py) and
+nothing else does: a probe in a real checker process talks to a stand-in browser (a loopback
+server on the host) through the in-environment server's own `op_browser`, and what a checker
+asks of the port that is not a stream's turn is a named failure. Chromium itself, through
+desktop-env's getters and Playwright, is tests/test_xdesktop_full.py's (the full image)."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+
+import pytest
+
+from envab.envs.host.channel import check_reply, decode, encode
+from envab.envs.xdesktop import checker, debugging, evaluate, server
+from envab.envs.xdesktop.checker import CheckerFailed
+from envab.envs.xdesktop.confine import Limits
+from tests.test_checker_sandbox import PROBES, Environment, _why_not
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+
+
+class StandInBrowser:
+    """A loopback server on the host in the browser's place: it answers what a connection says,
+    upper-cased, after `greeting`; it counts its connections."""
+
+    def __init__(self, greeting: bytes = b""):
+        self.greeting = greeting
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed: the browser is gone
+                return
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            conn.sendall(self.greeting)
+            while data := conn.recv(2**16):
+                conn.sendall(data.upper())
+
+
+def _environment(browser: StandInBrowser) -> server.Environment:
+    """The in-environment server's own operations, its debugging port the stand-in's."""
+    env = server.Environment(display=None)
+    env.debugging_port = browser.port
+    return env
+
+
+def _turns(env: server.Environment):
+    """The environment's `browser` operation as the host reaches it: over the channel's encoding,
+    its reply checked."""
+
+    def browser(stream, data, close, wait):
+        request = decode(encode(["browser", stream, data, close, wait]))
+        reply = getattr(env, f"op_{request[0]}")(*request[1:])
+        return check_reply("browser", decode(encode(reply)))
+
+    return browser
+
+
+def _run(probe: str, files: Environment, browser, limits: Limits | None = None, **params):
+    evaluator = {"probe": probe, **params}
+    return checker.run(evaluator, files.http, evaluate.ROUTES, limits, PROBES, browser=browser)
+
+
+def test_a_checker_talks_to_the_browser_through_its_port_and_leaves_nothing_open():
+    browser = StandInBrowser()
+    env, files = _environment(browser), Environment({})
+    said = "get /json/version"
+    assert _run("browser_echo", files, _turns(env), say=said, want=len(said)) == 1.0
+    (request,) = files.requests
+    assert request == ("POST", "/file", said.upper().encode())
+    assert browser.connections == 1
+    assert env.streams == {}  # the probe left its connection open; the host closed it
+
+
+def test_an_answer_larger_than_a_turn_arrives_whole():
+    greeting = hashlib.sha256(b"page").digest() * (3 * 2**20 // 32)  # 3 MiB: several turns
+    browser = StandInBrowser(greeting)
+    env, files = _environment(browser), Environment({})
+    assert _run("browser_echo", files, _turns(env), say="", want=len(greeting), digest=True) == 1
+    (request,) = files.requests
+    assert request[2] == hashlib.sha256(greeting).digest()
+
+
+def test_a_checker_whose_getters_do_not_ask_the_browser_finds_its_port_closed():
+    browser = StandInBrowser()
+    assert _run("browser_closed", Environment({}), None) == 1.0
+    assert browser.connections == 0
+
+
+def test_a_browser_that_is_not_there_is_a_closed_port_not_a_failure():
+    browser = StandInBrowser()
+    env = _environment(browser)
+    browser.listener.close()  # nothing listens on the debugging port any more
+    assert _run("browser_closed", Environment({}), _turns(env)) == 1.0
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        '[99, {"$bytes": ""}, false, 0]',  # a stream the host does not carry
+        '[-1, {"$bytes": ""}, false, 0]',
+        '[0, "GET / HTTP/1.1", false, 0]',  # data that is not bytes
+        '[0, {"$bytes": ""}, 0, 0]',  # close that is not true or false
+        '[0, {"$bytes": ""}, false, 30]',  # a wait past the longest
+        '[0, {"$bytes": ""}, false]',
+        '"open"',
+    ],
+)
+def test_a_turn_that_is_not_a_streams_turn_is_garbage(turn):
+    browser = StandInBrowser()
+    env = _environment(browser)
+    frame = f'{{"browser": {turn}}}'
+    with pytest.raises(CheckerFailed) as failed:
+        _run("raw_frame", Environment({}), _turns(env), Limits(deadline_s=20), frame=frame)
+    assert failed.value.failure == "garbage"
+    assert browser.connections == 0
+
+
+def test_the_environment_opens_its_debugging_port_only_for_the_streams_it_carries():
+    browser = StandInBrowser()
+    env = _environment(browser)
+    with pytest.raises(ValueError, match="stream"):
+        env.op_browser(server.BROWSER_STREAMS, b"x", False, 0.0)
+    assert env.op_browser(0, b"hello", False, 1.0) == {"data": b"HELLO", "open": True}
+    assert env.op_browser(0, b"", True, 0.0) == {"data": b"", "open": False}
+    assert env.streams == {} and browser.connections == 1
+
+
+def test_the_environment_and_the_relay_agree_on_the_port_and_the_streams():
+    # server.py runs without this package, so it carries its own copy of the numbers
+    assert server.DEBUGGING_PORT == debugging.DEBUGGING_PORT
+    assert server.BROWSER_STREAMS == debugging.STREAMS
+    assert server.BROWSER_WAIT_S == debugging.WAIT_MAX_S
