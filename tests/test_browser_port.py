@@ -7,6 +7,7 @@ desktop-env's getters and Playwright, is tests/test_xdesktop_full.py's (the full
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
 
@@ -142,3 +143,54 @@ def test_the_environment_and_the_relay_agree_on_the_port_and_the_streams():
     assert server.DEBUGGING_PORT == debugging.DEBUGGING_PORT
     assert server.BROWSER_STREAMS == debugging.STREAMS
     assert server.BROWSER_WAIT_S == debugging.WAIT_MAX_S
+
+
+class LyingBrowser:
+    """A hostile environment's browser (the environment is untrusted): its debugging port answers
+    `/json/version` naming a WebSocket at `elsewhere`, an address of its choosing, so that
+    Playwright in the checker would connect there instead."""
+
+    def __init__(self, elsewhere: str):
+        body = json.dumps({"Browser": "Chrome/140.0.0.0", "webSocketDebuggerUrl": elsewhere})
+        self.answer = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                self.requests.append(conn.recv(2**16))
+                conn.sendall(self.answer)
+
+
+@pytest.mark.integration
+def test_a_browser_that_names_another_address_leads_playwright_nowhere():
+    # The real getter (desktop-env's open_tabs_info, Playwright's connect_over_cdp) in the real
+    # checker: the WebSocket it is sent to is the host's own listener, which the checker's
+    # network namespace cannot reach; the getter's fallback (a /setup/launch request to the
+    # in-environment server) is a route the checker is refused. The task scores 0, validly.
+    bait = socket.create_server(("127.0.0.1", 0))
+    bait.settimeout(0.1)
+    browser = LyingBrowser(f"ws://127.0.0.1:{bait.getsockname()[1]}/devtools/browser/bait")
+    env, files = _environment(browser), Environment({})
+    evaluator = {
+        "func": "is_expected_tabs",
+        "result": {"type": "open_tabs_info"},
+        "expected": {"type": "rule", "rules": {"type": "url", "urls": ["file:///root/a.html"]}},
+    }
+    score = evaluate.evaluate(evaluator, files.http, lambda steps: None, browser=_turns(env))
+    assert score == 0.0
+    assert browser.requests and browser.requests[0].startswith(b"GET /json/version")
+    with pytest.raises(TimeoutError):
+        bait.accept()  # nothing the checker did reached the host's listener
+    assert files.requests == []  # nor the environment's other routes
+    assert env.streams == {}

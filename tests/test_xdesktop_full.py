@@ -1,6 +1,7 @@
 """The full X desktop image (LibreOffice, Chromium, GIMP, VLC, Thunderbird) on the fork host's
-gVisor sandboxes: each of its own tasks (envs/xdesktop/tasks_full, one per application) set up,
-its oracle scoring 1 and its no-op 0 by the task's own evaluator. The image is built on request
+gVisor sandboxes: each of its own tasks (envs/xdesktop/tasks_full, one per application, and one
+more scored by desktop-env's Chrome getter through the browser's debugging port) set up, its
+oracle scoring 1 and its no-op 0 by the task's own evaluator. The image is built on request
 only (about 400 MB of Debian packages), never by a test: without it these skip, saying how to build
 it. Every task on both sandboxes, near misses and screens compared:
 `python bench/real_tasks.py --image full --tasks envs/xdesktop/tasks_full --sandbox both`."""
@@ -25,9 +26,13 @@ CACHE = REPO / "build" / "xdesktop"
 def test_the_full_images_tasks_freeze_runnable_on_it_and_not_on_the_base():
     frozen = load_dir(TASKS)
     report = select(frozen, {"runnable": True}, "xdesktop", image="full").report()
-    assert report["tasks"] == 7 and report["reasons"]["xdesktop"] == {}
-    one = select(frozen, {"runnable": True, "domains": ["chrome"]}, "xdesktop", image="full")
-    assert [t.task["id"] for t in one.tasks] == ["xdf-chrome-open-page"]
+    assert report["tasks"] == 9 and report["reasons"]["xdesktop"] == {}
+    two = select(frozen, {"runnable": True, "domains": ["chrome"]}, "xdesktop", image="full")
+    assert [t.task["id"] for t in two.tasks] == [
+        "xdf-chrome-close-tab",
+        "xdf-chrome-open-page",
+        "xdf-chrome-two-tabs",
+    ]
     with pytest.raises(Exception, match="keeps none"):
         select(frozen, {"runnable": True}, "xdesktop")  # the base image has none of them
 

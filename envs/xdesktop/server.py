@@ -31,6 +31,7 @@ import contextlib
 import email.parser
 import hashlib
 import hmac
+import http.client
 import io
 import json
 import os
@@ -46,7 +47,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 DISPLAY = ":0"
 HOME = Path(os.environ.get("HOME", "/root"))
@@ -68,6 +69,7 @@ DEBUGGING_PORT = 1337
 BROWSER_STREAMS = 8  # open at once: a getter holds one WebSocket, plus its HTTP look-ups
 BROWSER_CHUNK = 2**20  # the most one answer carries back; the rest waits for the next ask
 BROWSER_WAIT_S = 1.0  # the longest an ask waits for the browser's first byte
+BROWSER_UP_S = 120.0  # a set-up step's wait for the browser's port (OSWorld's: 15 tries, 5 s apart)
 
 
 def encode(message) -> bytes:
@@ -366,7 +368,7 @@ def parse_body(content_type: str, body: bytes) -> dict:
 # --- the environment: set-up steps, actions, state, faults -------------------------------------
 
 SETUP_STEPS = ("launch", "execute", "command", "sleep", "open", "activate_window", "close_window",
-               "download")  # fmt: skip
+               "download", "chrome_open_tabs")  # fmt: skip
 KEYS = {"enter", "tab", "backspace", "escape", "space", "up", "down", "left", "right", "delete",
         "home", "end", "pageup", "pagedown", "f2", "ctrl", "shift", "alt"}  # fmt: skip
 
@@ -397,6 +399,9 @@ class Environment:
             if kind == "download":
                 self.download(params.get("files"))
                 continue
+            if kind == "chrome_open_tabs":
+                self.chrome_open_tabs(params.get("urls_to_open"))
+                continue
             route = {"launch": "setup/launch", "execute": "setup/execute",
                      "command": "setup/execute", "open": "setup/open_file",
                      "activate_window": "setup/activate_window",
@@ -422,6 +427,41 @@ class Environment:
             dest = Path(path).expanduser()
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.staged[url], dest)
+
+    def chrome_open_tabs(self, urls) -> None:
+        """OSWorld's `chrome_open_tabs` step: each URL in a new tab of the running browser, and
+        the tab it started with closed after the first opens. OSWorld's controller does this
+        from outside with Playwright over the debugging port; here the environment asks its own
+        browser on that port (DevTools' HTTP endpoints), so nothing of the task's runs on the
+        host. A page that does not load (this environment has no network) stays an error tab,
+        as OSWorld's step ignores a load that times out."""
+        if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+            raise SetupError("a chrome_open_tabs step's urls_to_open must be a list of URLs")
+        wait_for(lambda: self._devtools("GET", "/json/version"), BROWSER_UP_S,
+                 f"the browser's debugging port {self.debugging_port}")  # fmt: skip
+        first = [t for t in self._devtools("GET", "/json/list") if t.get("type") == "page"]
+        for i, url in enumerate(urls):
+            self._devtools("PUT", "/json/new?" + quote(url, safe=""))
+            if i == 0 and first:  # Playwright's context.pages[0]: the tab it started with
+                self._devtools("GET", "/json/close/" + quote(str(first[0].get("id")), safe=""))
+
+    def _devtools(self, method: str, path: str):
+        """One request to the browser's DevTools HTTP endpoints: its JSON, or its text."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.debugging_port, timeout=30)
+        try:
+            conn.request(method, path)
+            reply = conn.getresponse()
+            body = reply.read(MAX_FILE)
+        except (OSError, http.client.HTTPException) as e:
+            raise OSError(f"the browser's debugging port: {e}") from None
+        finally:
+            conn.close()
+        if reply.status != 200:
+            raise SetupError(f"{method} {path}: the browser answered {reply.status}")
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body.decode(errors="replace")
 
     def unstage(self) -> None:
         for path in self.staged.values():
