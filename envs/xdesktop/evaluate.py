@@ -43,27 +43,48 @@ from envab.envs.xdesktop import apps, checker, cloud_files, debugging
 from envab.envs.xdesktop.confine import Limits
 from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
 
-# getter type -> what it reads from the environment (the routes of envs/xdesktop/server.py)
-SERVED_GETTERS = {
-    "vm_file": "/file",
-    "rule": None,  # the expected value written in the task
-    "rules": None,
-    "vm_command_line": "/execute",
-    "vm_command_error": "/execute",
-    "list_directory": "/list_directory",
-    "vm_screen_size": "/screen_size",
+BROWSER = "browser"  # the browser's debugging port (debugging.py), not a route of the server
+FILE, EXECUTE = "/file", "/execute"
+# getter type -> what it reads from the environment: routes of envs/xdesktop/server.py, or
+# BROWSER; nothing for one that reads only the task
+SERVED_GETTERS: dict[str, tuple[str, ...]] = {
+    "vm_file": (FILE,),
+    "rule": (),  # the expected value written in the task
+    "rules": (),
+    "rule_relativeTime": (),  # a date relative to the checker's clock, from the task's rule
+    "time_diff_range": (),
+    "vm_command_line": (EXECUTE,),
+    "vm_command_error": (EXECUTE,),
+    "list_directory": ("/list_directory",),
+    "vm_screen_size": ("/screen_size",),
+    # a file, read through vm_file: its text, or the media of a slide in it
+    "content_from_vm_file": (FILE,),
+    "audio_in_slide": (FILE,),
+    "background_image_in_slide": (FILE,),
     # the host answers it from the task set's frozen files, not the environment (files.py)
-    "cloud_file": CLOUD_FILE_ROUTE,
+    "cloud_file": (CLOUD_FILE_ROUTE,),
 }
 # desktop-env's Chrome getters that read the browser through its debugging port and nothing
 # else (`connect_over_cdp`); the others read the accessibility tree (`active_url_from_accessTree`
 # and what calls it), files in the browser's profile, or a cloud drive.
-BROWSER = "browser"
-SERVED_GETTERS |= dict.fromkeys(
-    ("open_tabs_info", "page_info", "info_from_website", "pdf_from_url", "chrome_saved_address",
-     "number_of_search_results", "gotoRecreationPage_and_get_html_content"), BROWSER)  # fmt: skip
+CDP_GETTERS = ("open_tabs_info", "page_info", "info_from_website", "pdf_from_url",
+               "chrome_saved_address", "number_of_search_results",
+               "gotoRecreationPage_and_get_html_content")  # fmt: skip
+SERVED_GETTERS |= dict.fromkeys(CDP_GETTERS, (BROWSER,))
+# desktop-env's getters of an application's own files: they ask the environment for its home
+# folder (`execute_python_command`), then read the file (`get_file`). The browser's profile is
+# Google Chrome's folder (the full image's launcher puts Chromium's there, envs/xdesktop/image.py).
+PROFILE_GETTERS = ("bookmarks", "history", "cookie_data", "default_search_engine",
+                   "enable_do_not_track", "enable_enhanced_safety_browsing",
+                   "enabled_experiments", "find_installed_extension_name",
+                   "find_unpacked_extension_path", "new_startup_page", "profile_name",
+                   "data_delete_automacally", "chrome_font_size", "vlc_config",
+                   "gimp_config_file")  # fmt: skip
+SERVED_GETTERS |= dict.fromkeys(PROFILE_GETTERS, (EXECUTE, FILE))
+SERVED_GETTERS["default_video_player"] = (EXECUTE,)  # xdg-mime's answers
+PLATFORM = "Linux"  # what desktop-env's getters pick paths by (`env.vm_platform`): both images
 # the in-environment server's routes a checker may ask for: what the served getters read
-ROUTES = frozenset(route for route in SERVED_GETTERS.values() if route and route.startswith("/"))
+ROUTES = frozenset(r for reads in SERVED_GETTERS.values() for r in reads if r.startswith("/"))
 DEFAULT_SCREEN = (1024, 768)
 # A task names its screen, and each size a host has not seen costs a display and a template: a
 # task file is untrusted, so the sizes it may ask for are bounded (4K at most; the smallest the
@@ -226,7 +247,7 @@ def asks_browser(evaluator: Mapping) -> bool:
     if evaluator.get("func") == INFEASIBLE:
         return False
     return any(
-        SERVED_GETTERS.get(getter.get("type")) == BROWSER
+        BROWSER in SERVED_GETTERS.get(getter.get("type"), ())
         for _, result, exp, _ in _parts(evaluator)
         for getter in (result, exp)
         if isinstance(getter, Mapping)
@@ -298,6 +319,7 @@ def score(evaluator: Mapping, http: Http) -> float:
             vm_ip="127.0.0.1",
             server_port=relay.port,
             chromium_port=debugging.DEBUGGING_PORT,  # the checker's relay (checker.run)
+            vm_platform=PLATFORM,
             vlc_port=None,
             cache_dir=cache,
             http_server=f"http://127.0.0.1:{relay.port}",

@@ -151,14 +151,20 @@ FULL_RECIPE = 2  # 2: what OSWorld's set-ups take for granted (packages, /home/u
 # OSWorld's tasks launch `google-chrome --remote-debugging-port=1337`; Debian has Chromium. Its
 # sandbox needs user namespaces a gVisor sandbox's root does not hand a process, and Chromium
 # refuses to run as root without --no-sandbox; the environment itself is the sandbox. A launch
-# that names no debugging port gets OSWorld's (1337), where its Chrome getters look.
+# that names no debugging port gets OSWorld's (1337), where its Chrome getters look, and one that
+# names no profile gets Google Chrome's folder (~/.config/google-chrome), where its profile
+# getters read Preferences, Bookmarks and History.
 CHROME = """#!/bin/sh
 case " $* " in
   *" --remote-debugging-port="*) port= ;;
   *) port=--remote-debugging-port=1337 ;;
 esac
+case " $* " in
+  *" --user-data-dir="*) profile= ;;
+  *) profile=--user-data-dir=$HOME/.config/google-chrome ;;
+esac
 exec /usr/bin/chromium --no-sandbox --no-first-run --no-default-browser-check \
-  --password-store=basic --disable-dev-shm-usage --disable-gpu $port "$@"
+  --password-store=basic --disable-dev-shm-usage --disable-gpu $port $profile "$@"
 """
 # Which application opens what in the full image: office files in LibreOffice, as on OSWorld's
 # machine (so the base image's Gnumeric task opens its .xlsx in Calc here), pages in Chromium,
