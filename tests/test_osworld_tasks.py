@@ -354,6 +354,29 @@ def test_every_metric_module_of_desktop_env_loads_here():
         evaluate.load("metrics", name)
 
 
+def test_every_getter_the_x_desktop_serves_loads_and_reads_only_the_servers_routes():
+    """A served getter is loaded in the checker before it drops root (evaluate.preload): each
+    loads here, and what each reads is a route the in-environment server has, the host's
+    cloud-file route, or the browser's port; only the port's getters open it."""
+    from envab.envs.host.files import CLOUD_FILE_ROUTE
+    from envab.envs.xdesktop import evaluate, server
+
+    def served(route: str) -> bool:  # as the server dispatches a route (Routes.handle)
+        return route in (CLOUD_FILE_ROUTE, evaluate.BROWSER) or hasattr(
+            server.Routes, "r_" + route.strip("/").replace("/", "_")
+        )
+
+    for getter, reads in evaluate.SERVED_GETTERS.items():
+        evaluate.load("getters", f"get_{getter}")
+        assert all(served(route) for route in reads), getter
+    ev = {"func": "is_expected_tabs", "result": {"type": "open_tabs_info"},
+          "expected": {"type": "rule", "rules": {"type": "url", "urls": []}}}  # fmt: skip
+    assert evaluate.asks_browser(ev)
+    assert not evaluate.asks_browser({**ev, "result": {"type": "bookmarks"}})
+    assert not evaluate.asks_browser({"func": "infeasible"})
+    assert evaluate.BROWSER not in evaluate.ROUTES
+
+
 def test_a_metric_whose_module_cannot_load_is_a_named_reason(monkeypatch):
     from envab.envs.xdesktop import evaluate
 

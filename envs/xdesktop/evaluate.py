@@ -50,7 +50,6 @@ FILE, EXECUTE = "/file", "/execute"
 SERVED_GETTERS: dict[str, tuple[str, ...]] = {
     "vm_file": (FILE,),
     "rule": (),  # the expected value written in the task
-    "rules": (),
     "rule_relativeTime": (),  # a date relative to the checker's clock, from the task's rule
     "time_diff_range": (),
     "vm_command_line": (EXECUTE,),
@@ -68,7 +67,6 @@ SERVED_GETTERS: dict[str, tuple[str, ...]] = {
 # else (`connect_over_cdp`); the others read the accessibility tree (`active_url_from_accessTree`
 # and what calls it), files in the browser's profile, or a cloud drive.
 CDP_GETTERS = ("open_tabs_info", "page_info", "info_from_website", "pdf_from_url",
-               "chrome_saved_address", "number_of_search_results",
                "gotoRecreationPage_and_get_html_content")  # fmt: skip
 SERVED_GETTERS |= dict.fromkeys(CDP_GETTERS, (BROWSER,))
 # desktop-env's getters of an application's own files: they ask the environment for its home
