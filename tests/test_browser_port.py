@@ -100,10 +100,11 @@ def test_a_checker_whose_getters_do_not_ask_the_browser_finds_its_port_closed():
 
 
 def test_a_browser_that_is_not_there_is_a_closed_port_not_a_failure():
-    browser = StandInBrowser()
-    env = _environment(browser)
-    browser.listener.close()  # nothing listens on the debugging port any more
-    assert _run("browser_closed", Environment({}), _turns(env)) == 1.0
+    env = server.Environment(display=None)
+    with socket.socket() as held:  # bound and not listening: refused, and no one else's port
+        held.bind(("127.0.0.1", 0))
+        env.debugging_port = held.getsockname()[1]
+        assert _run("browser_closed", Environment({}), _turns(env)) == 1.0
 
 
 @pytest.mark.parametrize(
