@@ -7,6 +7,7 @@ desktop-env's getters and Playwright, is tests/test_xdesktop_full.py's (the full
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import socket
 import threading
@@ -195,3 +196,58 @@ def test_a_browser_that_names_another_address_leads_playwright_nowhere():
         bait.accept()  # nothing the checker did reached the host's listener
     assert files.requests == []  # nor the environment's other routes
     assert env.streams == {}
+
+
+class StandInDevTools:
+    """The browser's DevTools HTTP endpoints, recording what is asked of them: one page open
+    (`first`), new tabs made, tabs closed."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, str]] = []
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                stand_in.asked.append((self.command, self.path))
+                if self.path == "/json/list":
+                    body = json.dumps([{"id": "first", "type": "page", "url": "about:blank"},
+                                       {"id": "worker", "type": "service_worker"}])  # fmt: skip
+                elif self.path.startswith("/json/close/"):
+                    body = "Target is closing"
+                else:
+                    body = "{}"
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            do_GET = do_PUT = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_open_tabs_set_up_opens_each_url_and_closes_the_first_tab():
+    devtools = StandInDevTools()
+    env = server.Environment(display=None)
+    env.debugging_port = devtools.port
+    urls = ["https://a.example/x?q=1", "file:///root/b.html"]
+    env.setup([{"type": "chrome_open_tabs", "parameters": {"urls_to_open": urls}}])
+    assert devtools.asked == [
+        ("GET", "/json/version"),
+        ("GET", "/json/list"),
+        ("PUT", "/json/new?https%3A%2F%2Fa.example%2Fx%3Fq%3D1"),
+        ("GET", "/json/close/first"),  # the page it started with, after the first tab opened
+        ("PUT", "/json/new?file%3A%2F%2F%2Froot%2Fb.html"),
+    ]
+    devtools.server.shutdown()
+
+
+@pytest.mark.parametrize("urls", [None, [], "https://a.example", [1]])
+def test_an_open_tabs_step_without_a_list_of_urls_is_a_set_up_error(urls):
+    env = server.Environment(display=None)
+    with pytest.raises(server.SetupError, match="urls_to_open"):
+        env.setup([{"type": "chrome_open_tabs", "parameters": {"urls_to_open": urls}}])

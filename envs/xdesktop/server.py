@@ -437,7 +437,7 @@ class Environment:
         as OSWorld's step ignores a load that times out."""
         if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
             raise SetupError("a chrome_open_tabs step's urls_to_open must be a list of URLs")
-        wait_for(lambda: self._devtools("GET", "/json/version"), BROWSER_UP_S,
+        wait_for(lambda: self._devtools("GET", "/json/version") is not None, BROWSER_UP_S,
                  f"the browser's debugging port {self.debugging_port}")  # fmt: skip
         first = [t for t in self._devtools("GET", "/json/list") if t.get("type") == "page"]
         for i, url in enumerate(urls):
