@@ -216,17 +216,14 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
             load("metrics", func)
         except Unavailable as e:
             gaps.append((f"metric:{func}", str(e)))
-    for key in ("result", "expected"):
-        value = ev.get(key)
-        for getter in value if isinstance(value, list) else [value]:
-            if isinstance(getter, Mapping) and getter.get("type") not in SERVED_GETTERS:
-                gaps.append(
-                    (
-                        f"getter:{getter.get('type')}",
-                        f"{key} getter {getter.get('type')!r} reads what this desktop does "
-                        "not serve",
-                    )
+    for key, getter in _getters(ev):
+        if getter.get("type") not in SERVED_GETTERS:
+            gaps.append(
+                (
+                    f"getter:{getter.get('type')}",
+                    f"{key} getter {getter.get('type')!r} reads what this desktop does not serve",
                 )
+            )
     for app in apps_missing(task, image):
         gaps.append((f"app:{app}", f"application {app!r} (related_apps) is not in the {image} "
                                    "image"))  # fmt: skip
@@ -240,16 +237,22 @@ def unavailable(task: Mapping) -> list[str]:
     return [detail for _, detail in blockers(task)]
 
 
+def _getters(ev: Mapping) -> list[tuple[str, Mapping]]:
+    """The evaluator's result and expected getters as written (one, or a list, each), with the
+    key each is under."""
+    found = []
+    for key in ("result", "expected"):
+        value = ev.get(key)
+        found += [(key, g) for g in (value if isinstance(value, list) else [value])
+                  if isinstance(g, Mapping)]  # fmt: skip
+    return found
+
+
 def asks_browser(evaluator: Mapping) -> bool:
-    """Whether a getter of `evaluator` reads the browser over its debugging port."""
-    if evaluator.get("func") == INFEASIBLE:
-        return False
-    return any(
-        BROWSER in SERVED_GETTERS.get(getter.get("type"), ())
-        for _, result, exp, _ in _parts(evaluator)
-        for getter in (result, exp)
-        if isinstance(getter, Mapping)
-    )
+    """Whether a getter of `evaluator` reads the browser over its debugging port (the host asks,
+    before the checker runs: it reads the task as data only)."""
+    types = [g.get("type") for _, g in _getters(evaluator)]
+    return any(isinstance(t, str) and BROWSER in SERVED_GETTERS.get(t, ()) for t in types)
 
 
 def evaluate(
