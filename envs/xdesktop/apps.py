@@ -36,6 +36,10 @@ APPS = {
                        "thunderbird"}),
 }  # fmt: skip
 
+# The images that carry an accessibility tree (AT-SPI's bus and bindings): the getters that read
+# it are served there only; the base image answers its route 501.
+TREE_IMAGES = frozenset({"full"})
+
 
 def check_image(image: str) -> str:
     if image not in IMAGES:

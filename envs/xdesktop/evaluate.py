@@ -64,11 +64,20 @@ SERVED_GETTERS: dict[str, tuple[str, ...]] = {
     "cloud_file": (CLOUD_FILE_ROUTE,),
 }
 # desktop-env's Chrome getters that read the browser through its debugging port and nothing
-# else (`connect_over_cdp`); the others read the accessibility tree (`active_url_from_accessTree`
-# and what calls it), files in the browser's profile, or a cloud drive.
+# else (`connect_over_cdp`); the others read the accessibility tree, files in the browser's
+# profile, or a cloud drive.
 CDP_GETTERS = ("open_tabs_info", "page_info", "info_from_website", "pdf_from_url",
                "gotoRecreationPage_and_get_html_content")  # fmt: skip
 SERVED_GETTERS |= dict.fromkeys(CDP_GETTERS, (BROWSER,))
+# The accessibility tree (the full image's AT-SPI, server.py): the tree itself, and the Chrome
+# getters that read the active tab's address from its address bar there
+# (`active_url_from_accessTree`), the last two then opening that address over the debugging port.
+ACCESSIBILITY = "/accessibility"
+TREE_GETTERS = ("accessibility_tree", "active_url_from_accessTree", "active_tab_url_parse",
+                "url_dashPart", "url_path_parse", "macys_product_url_parse")  # fmt: skip
+SERVED_GETTERS |= dict.fromkeys(TREE_GETTERS, (ACCESSIBILITY,))
+SERVED_GETTERS |= dict.fromkeys(("active_tab_info", "active_tab_html_parse"),
+                                (ACCESSIBILITY, BROWSER))  # fmt: skip
 # desktop-env's getters of an application's own files: they ask the environment for its home
 # folder (`execute_python_command`), then read the file (`get_file`). The browser's profile is
 # Google Chrome's folder (the full image's launcher puts Chromium's there, envs/xdesktop/image.py).
@@ -192,7 +201,8 @@ def apps_missing(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[str]:
 def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, str]]:
     """What in `task` this desktop cannot run or score, one (reason, detail) item each: a
     set-up step it has no route for (`setup:<type>`, `postconfig:<type>`), a metric whose
-    module cannot load here (`metric:<name>`), a getter it does not serve (`getter:<type>`),
+    module cannot load here (`metric:<name>`), a getter it does not serve (`getter:<type>`:
+    one that reads the accessibility tree is served by apps.TREE_IMAGES only),
     an application its `image` (apps.IMAGES) lacks (`app:<name>`)."""
     ev = task.get("evaluator") or {}
     gaps = []
@@ -217,13 +227,14 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
         except Unavailable as e:
             gaps.append((f"metric:{func}", str(e)))
     for key, getter in _getters(ev):
-        if getter.get("type") not in SERVED_GETTERS:
-            gaps.append(
-                (
-                    f"getter:{getter.get('type')}",
-                    f"{key} getter {getter.get('type')!r} reads what this desktop does not serve",
-                )
-            )
+        kind = getter.get("type")
+        if kind not in SERVED_GETTERS:
+            why = "reads what this desktop does not serve"
+        elif ACCESSIBILITY in SERVED_GETTERS[kind] and image not in apps.TREE_IMAGES:
+            why = f"reads the accessibility tree, which the {image} image does not carry"
+        else:
+            continue
+        gaps.append((f"getter:{kind}", f"{key} getter {kind!r} {why}"))
     for app in apps_missing(task, image):
         gaps.append((f"app:{app}", f"application {app!r} (related_apps) is not in the {image} "
                                    "image"))  # fmt: skip

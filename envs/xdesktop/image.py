@@ -146,14 +146,21 @@ FULL_PACKAGES = (
     "gsettings-desktop-schemas",
     "dconf-gsettings-backend",
     "x11-xserver-utils",
+    # The accessibility tree OSWorld's getters read (AT-SPI, as on its GNOME machine): the bus
+    # the applications' bridges join, and the bindings the server walks it with.
+    "at-spi2-core",
+    "python3-gi",
+    "gir1.2-atspi-2.0",
 )
-FULL_RECIPE = 2  # 2: what OSWorld's set-ups take for granted (packages, /home/user, background)
+# 2: what OSWorld's set-ups take for granted (packages, /home/user, background); 3: AT-SPI
+FULL_RECIPE = 3
 # OSWorld's tasks launch `google-chrome --remote-debugging-port=1337`; Debian has Chromium. Its
 # sandbox needs user namespaces a gVisor sandbox's root does not hand a process, and Chromium
 # refuses to run as root without --no-sandbox; the environment itself is the sandbox. A launch
 # that names no debugging port gets OSWorld's (1337), where its Chrome getters look, and one that
 # names no profile gets Google Chrome's folder (~/.config/google-chrome), where its profile
-# getters read Preferences, Bookmarks and History.
+# getters read Preferences, Bookmarks and History. Its pages join the accessibility tree, where
+# OSWorld's getters read the address bar (the server starts the bus, server.py).
 CHROME = """#!/bin/sh
 case " $* " in
   *" --remote-debugging-port="*) port= ;;
@@ -164,7 +171,8 @@ case " $* " in
   *) profile=--user-data-dir=$HOME/.config/google-chrome ;;
 esac
 exec /usr/bin/chromium --no-sandbox --no-first-run --no-default-browser-check \
-  --password-store=basic --disable-dev-shm-usage --disable-gpu $port $profile "$@"
+  --password-store=basic --disable-dev-shm-usage --disable-gpu --force-renderer-accessibility \
+  $port $profile "$@"
 """
 # Which application opens what in the full image: office files in LibreOffice, as on OSWorld's
 # machine (so the base image's Gnumeric task opens its .xlsx in Calc here), pages in Chromium,
