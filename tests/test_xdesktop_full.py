@@ -1,10 +1,11 @@
 """The full X desktop image (LibreOffice, Chromium, GIMP, VLC, Thunderbird) on the fork host's
-gVisor sandboxes: each of its own tasks (envs/xdesktop/tasks_full, one per application, and one
-more scored by desktop-env's Chrome getter through the browser's debugging port) set up, its
-oracle scoring 1 and its no-op 0 by the task's own evaluator. The image is built on request
-only (about 400 MB of Debian packages), never by a test: without it these skip, saying how to build
-it. Every task on both sandboxes, near misses and screens compared:
-`python bench/real_tasks.py --image full --tasks envs/xdesktop/tasks_full --sandbox both`."""
+gVisor sandboxes: each of its own tasks (envs/xdesktop/tasks_full, one per application, and more
+scored by desktop-env's Chrome getters through the browser's debugging port and the
+accessibility tree) set up, its oracle scoring 1 and its no-op 0 by the task's own evaluator.
+The image is built on request only (about 400 MB of Debian packages), never by a test: without
+it these skip, saying how to build it. Every task on both sandboxes, near misses and screens
+compared: `python bench/real_tasks.py --image full --tasks envs/xdesktop/tasks_full --sandbox
+both`."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ CACHE = REPO / "build" / "xdesktop"
 def test_the_full_images_tasks_freeze_runnable_on_it_and_not_on_the_base():
     frozen = load_dir(TASKS)
     report = select(frozen, {"runnable": True}, "xdesktop", image="full").report()
-    assert report["tasks"] == 9 and report["reasons"]["xdesktop"] == {}
+    assert report["tasks"] == 10 and report["reasons"]["xdesktop"] == {}
     two = select(frozen, {"runnable": True, "domains": ["chrome"]}, "xdesktop", image="full")
     assert [t.task["id"] for t in two.tasks] == [
         "xdf-chrome-close-tab",
         "xdf-chrome-open-page",
+        "xdf-chrome-switch-tab",
         "xdf-chrome-two-tabs",
     ]
     with pytest.raises(Exception, match="keeps none"):
