@@ -37,20 +37,20 @@ def _tree(address: str, doctype: str = "") -> str:
 class TreeEnvironment(Environment):
     """A stand-in environment answering `/accessibility` with `tree` (OSWorld's JSON, `AT`)."""
 
-    def __init__(self, tree: str):
+    def __init__(self, tree: str, status: int = 200):
         super().__init__({})
-        self.tree = tree
+        self.tree, self.status = tree, status
 
     def http(self, method, path, content_type, body):
         if path == "/accessibility":
             self.requests.append((method, path, body))
-            return {"status": 200, "content_type": "application/json",
+            return {"status": self.status, "content_type": "application/json",
                     "body": json.dumps({"AT": self.tree}).encode()}  # fmt: skip
         return super().http(method, path, content_type, body)
 
 
-def _score(tree: str, evaluator=ADDRESS, limits: Limits | None = None) -> float:
-    env = TreeEnvironment(tree)
+def _score(tree: str, evaluator=ADDRESS, limits: Limits | None = None, status=200) -> float:
+    env = TreeEnvironment(tree, status)
     try:
         return checker.run(evaluator, env.http, evaluate.ROUTES, limits)
     finally:
@@ -64,6 +64,14 @@ needs_checker = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()
 def test_the_address_bar_in_the_tree_scores_the_task_and_another_address_does_not():
     assert _score(_tree("example.org/recipes")) == 1.0
     assert _score(_tree("example.org/shopping")) == 0.0
+
+
+@needs_checker
+def test_a_desktop_that_does_not_provide_the_tree_gives_no_score_not_a_0():
+    # desktop-env's getter would read the 501 as no address, and its metric score that 0
+    with pytest.raises(CheckerFailed, match="does not provide /accessibility") as failed:
+        _score(_tree("example.org/recipes"), status=501)
+    assert failed.value.failure == "environment"
 
 
 @needs_checker

@@ -154,7 +154,7 @@ def test_postconfig_runs_on_the_host_through_the_environment_and_failures_are_in
     assert v.valid and v.score == 1.0 and access.postconfig_steps == [steps]
     # a getter this desktop does not serve: the checker raises, the attempt is invalid, named
     audit = {}
-    v = checked(evaluate.check, {**DIFF, "result": {"type": "accessibility_tree"}}, access, audit)
+    v = checked(evaluate.check, {**DIFF, "result": {"type": "googledrive_file"}}, access, audit)
     assert not v.valid and v.failed_gates == (Gate.VERIFIER_AVAILABLE,)
     assert audit["checker_failure"] == "crash" and "Unavailable" in audit["checker_error"]
 

@@ -40,7 +40,7 @@ REPLIES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "step": _SCREEN,
     "observe": _SCREEN,
     "state": {"state": dict, "state_sha256": str},
-    "postconfig": {"state_sha256": str},
+    "postconfig": {"state_sha256": str, "cache": dict},
     "http": {"status": int, "content_type": (str, type(None)), "body": bytes},
     "browser": {"data": bytes, "open": bool},
     "ping": {"pid": int},

@@ -753,14 +753,19 @@ class _Access:
         if is_cloud_file(path):  # a cloud_file expectation: from the frozen store, not the env
             return cloud_file_reply(path, self.pool.files)
         request = ("http", method, path, content_type, body)
-        return self._ask(request, self.pool.config.step_timeout_s)
+        # A checker's request reads what a set-up made (a whole file, the whole accessibility
+        # tree: over a minute for Chromium's in a QEMU guest under TCG), so it may take as long
+        # as a set-up; the checker's own deadline bounds the evaluation.
+        return self._ask(request, self.pool.config.create_timeout_s)
 
     def browser(self, stream: int, data: bytes, close: bool, wait: float) -> dict:
         """One turn of a byte stream to the browser's debugging port in the environment
         (envs/xdesktop/debugging.py)."""
         return self._ask(("browser", stream, data, close, wait), self.pool.config.step_timeout_s)
 
-    def postconfig(self, steps: list) -> None:
+    def postconfig(self, steps: list) -> dict:
+        """Run the evaluation's set-up steps in the environment: what their commands printed,
+        by the name each step gives (unchecked here: the checker's `cache_files` checks it)."""
         for message in stage_messages(steps, self.pool.files):  # FileNotFrozen: no score
             self._ask(message, self.pool.config.create_timeout_s)
-        self._ask(("postconfig", steps), self.pool.config.create_timeout_s)
+        return self._ask(("postconfig", steps), self.pool.config.create_timeout_s)["cache"]

@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -76,6 +77,15 @@ REQUEST_MAX = 2**20  # the largest frame the host reads from a checker: a reques
 EXIT_GRACE_S = 2.0  # how long a checker that answered a score gets to exit before it is killed
 STDERR_TAIL = 2000  # characters of a failed checker's standard error kept in the log
 JOB = "job.json"
+# What the in-environment server answers for a route its desktop does not provide (the
+# accessibility tree where the image carries no AT-SPI): no score can rest on such a request.
+NOT_PROVIDED = 501
+# OSWorld's cache folder as the evaluation's earlier steps left it: what a `postconfig` command
+# printed, kept under the name its step gives (`stdout`, `stderr`), which desktop-env's
+# `cache_file` getter reads. The environment wrote it, so it is checked like any answer.
+CACHE = "cache"
+CACHE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")  # a plain file name, no folder
+CACHE_FILES, CACHE_BYTES = 16, 32 * 2**20
 
 Http = Callable[[str, str, str, bytes], Mapping]
 
@@ -100,19 +110,27 @@ def run(
     limits: Limits | None = None,
     entry: str = DEFAULT_ENTRY,
     browser: debugging.Turn | None = None,
+    cache: Mapping[str, bytes] | None = None,
 ) -> float:
     """The score of `evaluator` from a confined checker process, which reads the environment
     only through `http`, on `routes`, and, given `browser` (the environment's turns of a stream
-    to its browser's debugging port), through that port. `entry`: the module (or a .py file)
-    that scores; the host's code names it, a task file cannot."""
+    to its browser's debugging port), through that port; `cache`: the files its cache folder
+    starts with (`cache_files`). `entry`: the module (or a .py file) that scores; the host's
+    code names it, a task file cannot."""
     limits = limits or Limits()
+    files = cache_files(cache or {})
     streams = debugging.Streams(browser) if browser is not None else None
     home = tempfile.mkdtemp(prefix="envab-checker-")
     try:
-        job = {"evaluator": evaluator, "browser": streams is not None}
+        job = {"evaluator": evaluator, "browser": streams is not None, "cache": bool(files)}
         Path(home, JOB).write_text(json.dumps(job))
+        if files:
+            Path(home, CACHE).mkdir()
+            for name, data in files.items():
+                Path(home, CACHE, name).write_bytes(data)
         if os.geteuid() == 0:
-            os.chown(home, limits.uid, limits.gid)
+            for path in (home, *Path(home).rglob("*")):
+                os.chown(path, limits.uid, limits.gid)
         with tempfile.TemporaryFile() as stderr:
             argv = ["--home", home, "--entry", entry, "--limits", json.dumps(asdict(limits))]
             proc = subprocess.Popen(
@@ -205,6 +223,8 @@ def _answer(request, http: Http, routes: frozenset) -> dict:
         reply = http(method, path, content_type, body)
     except Exception as e:  # the environment's channel: dead, late or out of step
         raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
+    if reply["status"] == NOT_PROVIDED:  # a getter would read "no answer" as an empty one
+        raise CheckerFailed("environment", f"this desktop does not provide {path[:60]}")
     return {k: reply[k] for k in ("status", "content_type", "body")}
 
 
@@ -221,6 +241,21 @@ def _turn(request, streams: debugging.Streams | None) -> dict:
         return streams(stream, data, close, wait)
     except Exception as e:  # the environment's channel: dead, late or out of step
         raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
+
+
+def cache_files(files) -> dict[str, bytes]:
+    """`files` if they are what a cache folder may start with: at most CACHE_FILES, each a
+    plain file name (CACHE_NAME) and bytes, CACHE_BYTES in all; else `CheckerFailed` (the
+    environment's answer is garbage, or oversize), before any checker starts."""
+    if not isinstance(files, Mapping) or len(files) > CACHE_FILES:
+        raise CheckerFailed("garbage", f"a cache that is not at most {CACHE_FILES} files")
+    for name, data in files.items():
+        if not (isinstance(name, str) and CACHE_NAME.match(name) and isinstance(data, bytes)):
+            raise CheckerFailed("garbage", f"a cache file {str(name)[:40]!r} that is not a "
+                                           "plain file name with bytes")  # fmt: skip
+    if sum(len(data) for data in files.values()) > CACHE_BYTES:
+        raise CheckerFailed("oversize", f"a cache of more than {CACHE_BYTES} bytes")
+    return dict(files)
 
 
 def _score(value) -> float:
@@ -312,7 +347,8 @@ def main(argv=None) -> int:
         host = _Host(channel)
         if job.get("browser"):  # after the drop: its threads are the unprivileged uid's too
             debugging.PortRelay(host.browser).start()
-        score = module.score(evaluator, host.http)
+        cache = {"cache": Path(args.home, CACHE)} if job.get("cache") else {}
+        score = module.score(evaluator, host.http, **cache)
         try:
             answer = {"score": float(score)}
         except (TypeError, ValueError, OverflowError):

@@ -52,6 +52,8 @@ SERVED_GETTERS: dict[str, tuple[str, ...]] = {
     "rule": (),  # the expected value written in the task
     "rule_relativeTime": (),  # a date relative to the checker's clock, from the task's rule
     "time_diff_range": (),
+    # what a `postconfig` command printed, kept under the name its step gives (checker.CACHE)
+    "cache_file": (),
     "vm_command_line": (EXECUTE,),
     "vm_command_error": (EXECUTE,),
     "list_directory": ("/list_directory",),
@@ -232,6 +234,8 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
             why = "reads what this desktop does not serve"
         elif ACCESSIBILITY in SERVED_GETTERS[kind] and image not in apps.TREE_IMAGES:
             why = f"reads the accessibility tree, which the {image} image does not carry"
+        elif kind == "cache_file" and getter.get("path") not in printed_files(ev):
+            why = f"reads {str(getter.get('path'))[:60]!r}, which no postconfig step prints"
         else:
             continue
         gaps.append((f"getter:{kind}", f"{key} getter {kind!r} {why}"))
@@ -246,6 +250,19 @@ def unavailable(task: Mapping) -> list[str]:
     the freeze refuses such a task (`python -m envab.envs.tasks.osworld --runnable xdesktop`),
     or leaves it out under a registered rule that selects runnable tasks only."""
     return [detail for _, detail in blockers(task)]
+
+
+def printed_files(ev: Mapping) -> set[str]:
+    """The cache files the evaluator's `postconfig` commands print into (their `stdout` and
+    `stderr` names, where each is a plain file name: checker.CACHE_NAME)."""
+    names = set()
+    for step in ev.get("postconfig") or []:
+        if not isinstance(step, Mapping):
+            continue
+        params = step.get("parameters")
+        if step.get("type") in ("execute", "command") and isinstance(params, Mapping):
+            names |= {params.get(k) for k in ("stdout", "stderr")}
+    return {n for n in names if isinstance(n, str) and checker.CACHE_NAME.match(n)}
 
 
 def _getters(ev: Mapping) -> list[tuple[str, Mapping]]:
@@ -269,22 +286,22 @@ def asks_browser(evaluator: Mapping) -> bool:
 def evaluate(
     evaluator: Mapping,
     http: Http,
-    postconfig: Callable[[list], None],
+    postconfig: Callable[[list], Mapping[str, bytes] | None],
     limits: Limits | None = None,
     browser: debugging.Turn | None = None,
 ) -> float:
     """The task's score, as OSWorld's DesktopEnv.evaluate computes it (`score`): the
-    `postconfig` steps run here, through the environment's channel; the getters and metrics run
+    `postconfig` steps run here, through the environment's channel (what their commands printed
+    under a name, `stdout`, comes back for the checker's cache); the getters and metrics run
     in a confined checker process (`checker.run`) that reaches the environment only through
     `http`, on `ROUTES`, and through `browser` (turns of a stream to the browser's debugging
     port) when a getter asks the browser. `checker.CheckerFailed` when it gives no valid
     score."""
-    if evaluator.get("postconfig"):
-        postconfig(list(evaluator["postconfig"]))
+    written = postconfig(list(evaluator["postconfig"])) if evaluator.get("postconfig") else None
     if evaluator.get("func") == INFEASIBLE:
         raise Unavailable("an infeasible task is scored from the agent's last action")
     port = browser if asks_browser(evaluator) else None
-    return checker.run(evaluator, http, ROUTES, limits, browser=port)
+    return checker.run(evaluator, http, ROUTES, limits, browser=port, cache=written)
 
 
 def by_final_action(evaluator: Mapping, last_action: str | None) -> float | None:
@@ -322,10 +339,13 @@ def preload(evaluator: Mapping) -> None:
                 _getter(getter)
 
 
-def score(evaluator: Mapping, http: Http) -> float:
+def score(evaluator: Mapping, http: Http, cache: Path | None = None) -> float:
     """OSWorld's score of `evaluator` (one metric or a list joined by `conj`), its getters
-    reading the environment through `http`. Runs in the checker process, never the host."""
-    with Relay(http) as relay, tempfile.TemporaryDirectory(prefix="envab-eval-") as cache:
+    reading the environment through `http` and OSWorld's cache folder (`cache`, as the
+    `postconfig` steps left it; else an empty one). Runs in the checker process, never the
+    host."""
+    with Relay(http) as relay, tempfile.TemporaryDirectory(prefix="envab-eval-") as empty:
+        cache = str(cache or empty)
         env = types.SimpleNamespace(
             controller=controller_class()(vm_ip="127.0.0.1", server_port=relay.port),
             vm_ip="127.0.0.1",

@@ -566,8 +566,13 @@ class Environment:
         self.streams: dict[int, socket.socket] = {}  # a checker's byte streams (op_browser)
         self.debugging_port = DEBUGGING_PORT
 
-    def setup(self, config: list) -> None:
-        """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate)."""
+    def setup(self, config: list) -> dict[str, bytes]:
+        """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate).
+        What a command step prints under a name (its `stdout`, `stderr`), by that name: OSWorld
+        keeps it in its cache folder for an evaluation's `cache_file` getter, and does not fail
+        such a step when its command exits non-zero (`diff`, `grep`: the answer is what it
+        printed)."""
+        printed: dict[str, bytes] = {}
         for step in config:
             kind, params = step.get("type"), step.get("parameters", {}) or {}
             if kind == "screen":
@@ -591,8 +596,15 @@ class Environment:
                                                 json.dumps(params).encode())  # fmt: skip
             if status != 200:
                 raise SetupError(f"set-up step {kind}: {out.decode(errors='replace')[:200]}")
-            if kind in ("execute", "command") and json.loads(out)["returncode"] != 0:
-                raise SetupError(f"set-up step {kind} exited {json.loads(out)['returncode']}")
+            if kind not in ("execute", "command"):
+                continue
+            done = json.loads(out)
+            names = {k: params.get(k) for k in ("stdout", "stderr") if params.get(k)}
+            for key, name in names.items():
+                printed[str(name)] = (done["output"] if key == "stdout" else done["error"]).encode()
+            if done["returncode"] != 0 and not names:
+                raise SetupError(f"set-up step {kind} exited {done['returncode']}")
+        return printed
 
     def download(self, files) -> None:
         """OSWorld's `download` step, its bytes from the host's store: each file was delivered
@@ -767,10 +779,10 @@ class Environment:
 
     def op_postconfig(self, config):
         try:
-            self.setup(config)
+            printed = self.setup(config)
         finally:
             self.unstage()
-        return {"state_sha256": self.state_hash()}
+        return {"state_sha256": self.state_hash(), "cache": printed}
 
     def op_stage(self, url, sha256, offset, data, size):
         """One part of a file the next set-up downloads, from the host's store, in order:
