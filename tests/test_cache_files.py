@@ -58,6 +58,20 @@ def test_the_checker_scores_what_the_postconfig_printed_and_nothing_else():
 
 
 @needs_checker
+def test_a_getters_file_written_beside_the_printed_ones_is_the_checkers_own():
+    # desktop-env's file getters write where `cache_file` reads: the folder is the checker's uid's
+    env = Environment({"/gold/wmctrl.out": WINDOWS})
+    gold = {"type": "vm_file", "path": "/gold/wmctrl.out", "dest": "gold.out"}
+    beside = {**LISTED, "func": "diff_text_file", "expected": gold}
+    assert evaluate.evaluate(beside, env.http, lambda steps: {"wmctrl.out": WINDOWS}) == 1.0
+
+
+@needs_checker
+def test_what_no_getter_reads_is_not_handed_over_whatever_it_is():
+    printed = {"wmctrl.out": WINDOWS, "../elsewhere": b"x", "apt.out": b"y" * checker.CACHE_BYTES}
+    assert evaluate.evaluate(LISTED, Environment({}).http, lambda steps: printed) == 1.0
+
+
 @pytest.mark.parametrize(
     "cache, failure",
     [
@@ -72,9 +86,11 @@ def test_the_checker_scores_what_the_postconfig_printed_and_nothing_else():
     ids=["parent", "absolute", "dotfile", "text", "too-many", "not-a-map", "oversize"],
 )
 def test_a_cache_the_environment_should_not_have_sent_is_a_named_failure(cache, failure):
-    env = Environment({})
     with pytest.raises(CheckerFailed) as failed:
-        evaluate.evaluate(LISTED, env.http, lambda steps: cache)
+        checker.cache_files(cache)
+    assert failed.value.failure == failure
+    with pytest.raises(CheckerFailed) as failed:  # before any checker process starts
+        checker.run(LISTED, Environment({}).http, evaluate.ROUTES, cache=cache)
     assert failed.value.failure == failure
 
 
@@ -88,3 +104,22 @@ def test_the_freeze_refuses_a_cache_file_no_postconfig_step_prints():
         assert [g for g, _ in evaluate.blockers(bad, "full") if g.startswith("getter:")] == [
             "getter:cache_file"
         ], steps
+    for path in ("../wmctrl.out", ["wmctrl.out"], None):  # read from outside the folder, or not
+        bad = {**task, "evaluator": {**LISTED, "result": {"type": "cache_file", "path": path}}}
+        assert "getter:cache_file" in [g for g, _ in evaluate.blockers(bad, "full")], path
+
+
+@pytest.mark.parametrize("params, reason", [
+    ({"command": ["ls"], "stdout": ["wmctrl.out"]}, "postconfig:stdout"),
+    ({"command": ["ls"], "stderr": "a/b"}, "postconfig:stderr"),
+    ({"command": ["ls"], "stdout": "$bytes"}, "postconfig:stdout"),
+    ({"command": ["ls"], "until": {"returncode": 0}}, "postconfig:until"),
+])  # fmt: skip
+def test_the_freeze_refuses_a_step_that_prints_where_no_file_can_be_or_waits_on_until(
+    params, reason
+):
+    # "$bytes" is the channel's tag for bytes: a name the environment could not send back
+    step = {"type": "execute", "parameters": params}
+    task = {"id": "t", "config": [], "evaluator": {**LISTED, "postconfig": [step]}}
+    assert reason in [g for g, _ in evaluate.blockers(task, "full")]
+    assert evaluate.blockers({**task, "evaluator": LISTED}, "full") == []

@@ -754,8 +754,8 @@ class _Access:
             return cloud_file_reply(path, self.pool.files)
         request = ("http", method, path, content_type, body)
         # A checker's request reads what a set-up made (a whole file, the whole accessibility
-        # tree: over a minute for Chromium's in a QEMU guest under TCG), so it may take as long
-        # as a set-up; the checker's own deadline bounds the evaluation.
+        # tree: Chromium's took more than a step's 60 s in a QEMU guest under TCG), so it may
+        # take as long as a set-up; the checker's own deadline is checked between requests.
         return self._ask(request, self.pool.config.create_timeout_s)
 
     def browser(self, stream: int, data: bytes, close: bool, wait: float) -> dict:

@@ -80,6 +80,10 @@ JOB = "job.json"
 # What the in-environment server answers for a route its desktop does not provide (the
 # accessibility tree where the image carries no AT-SPI): no score can rest on such a request.
 NOT_PROVIDED = 501
+# Routes a score may rest on only when they answer: desktop-env's tree getters read any other
+# status (a tree refused as too large, one that could not be walked) as no address bar, and
+# its metrics score that 0.
+WHOLE_ANSWERS = frozenset({"/accessibility"})
 # OSWorld's cache folder as the evaluation's earlier steps left it: what a `postconfig` command
 # printed, kept under the name its step gives (`stdout`, `stderr`), which desktop-env's
 # `cache_file` getter reads. The environment wrote it, so it is checked like any answer.
@@ -92,8 +96,9 @@ Http = Callable[[str, str, str, bytes], Mapping]
 
 class CheckerFailed(RuntimeError):
     """No valid score from the checker process; `failure` names why: timeout, crash (it raised
-    or died), garbage (a frame that is no message), oversize, bad_score, environment (the
-    environment could not answer its request), sandbox (the confinement was refused)."""
+    or died), garbage (a frame that is no message, a cache that is not files), oversize,
+    bad_score, environment (the environment could not answer its request, or answered that
+    it does not provide what was asked), sandbox (the confinement was refused)."""
 
     def __init__(self, failure: str, detail: str):
         super().__init__(detail)
@@ -118,7 +123,11 @@ def run(
     starts with (`cache_files`). `entry`: the module (or a .py file) that scores; the host's
     code names it, a task file cannot."""
     limits = limits or Limits()
-    files = cache_files(cache or {})
+    try:
+        files = cache_files(cache or {})
+    except CheckerFailed as e:
+        log.warning("checker failed (%s): %s", e.failure, e)
+        raise
     streams = debugging.Streams(browser) if browser is not None else None
     home = tempfile.mkdtemp(prefix="envab-checker-")
     try:
@@ -223,8 +232,11 @@ def _answer(request, http: Http, routes: frozenset) -> dict:
         reply = http(method, path, content_type, body)
     except Exception as e:  # the environment's channel: dead, late or out of step
         raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
+    route = path.split("?", 1)[0]
     if reply["status"] == NOT_PROVIDED:  # a getter would read "no answer" as an empty one
-        raise CheckerFailed("environment", f"this desktop does not provide {path[:60]}")
+        raise CheckerFailed("environment", f"this desktop does not provide {route[:60]}")
+    if route in WHOLE_ANSWERS and reply["status"] != 200:
+        raise CheckerFailed("environment", f"{route} answered {reply['status']}")
     return {k: reply[k] for k in ("status", "content_type", "body")}
 
 

@@ -220,6 +220,16 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
                         f"{where} step {step.get('type')!r} has no route on this desktop",
                     )
                 )
+            params = step.get("parameters")
+            params = params if isinstance(params, Mapping) else {}
+            said = f"{where} step {step.get('type')!r}"
+            if "until" in params:  # OSWorld runs the command again until it holds; this does not
+                gaps.append((f"{name}:until", f"{said} waits on `until`, which is not run here"))
+            for key in ("stdout", "stderr"):
+                printed = params.get(key)
+                if printed is not None and not _plain_name(printed):
+                    why = f"{said} prints into {str(printed)[:60]!r}, not a plain file name"
+                    gaps.append((f"{name}:{key}", why))
     funcs = ev.get("func")
     for func in funcs if isinstance(funcs, list) else [funcs]:
         if func == INFEASIBLE:  # scored from the agent's last action (by_final_action)
@@ -234,8 +244,10 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
             why = "reads what this desktop does not serve"
         elif ACCESSIBILITY in SERVED_GETTERS[kind] and image not in apps.TREE_IMAGES:
             why = f"reads the accessibility tree, which the {image} image does not carry"
-        elif kind == "cache_file" and getter.get("path") not in printed_files(ev):
-            why = f"reads {str(getter.get('path'))[:60]!r}, which no postconfig step prints"
+        elif kind == "cache_file" and not _plain_name(path := getter.get("path")):
+            why = f"reads {str(path)[:60]!r}, not a plain file name"
+        elif kind == "cache_file" and path not in printed_files(ev):
+            why = f"reads {str(path)[:60]!r}, which no postconfig step prints"
         else:
             continue
         gaps.append((f"getter:{kind}", f"{key} getter {kind!r} {why}"))
@@ -254,15 +266,23 @@ def unavailable(task: Mapping) -> list[str]:
 
 def printed_files(ev: Mapping) -> set[str]:
     """The cache files the evaluator's `postconfig` commands print into (their `stdout` and
-    `stderr` names, where each is a plain file name: checker.CACHE_NAME)."""
+    `stderr` names, each a plain file name: checker.CACHE_NAME)."""
     names = set()
     for step in ev.get("postconfig") or []:
-        if not isinstance(step, Mapping):
-            continue
-        params = step.get("parameters")
+        params = step.get("parameters") if isinstance(step, Mapping) else None
         if step.get("type") in ("execute", "command") and isinstance(params, Mapping):
-            names |= {params.get(k) for k in ("stdout", "stderr")}
-    return {n for n in names if isinstance(n, str) and checker.CACHE_NAME.match(n)}
+            names |= {params.get(k) for k in ("stdout", "stderr") if _plain_name(params.get(k))}
+    return names
+
+
+def read_files(ev: Mapping) -> set[str]:
+    """The cache files the evaluator's `cache_file` getters read."""
+    return {g["path"] for _, g in _getters(ev) if g.get("type") == "cache_file"
+            and _plain_name(g.get("path"))}  # fmt: skip
+
+
+def _plain_name(name) -> bool:
+    return isinstance(name, str) and checker.CACHE_NAME.match(name) is not None
 
 
 def _getters(ev: Mapping) -> list[tuple[str, Mapping]]:
@@ -297,11 +317,13 @@ def evaluate(
     `http`, on `ROUTES`, and through `browser` (turns of a stream to the browser's debugging
     port) when a getter asks the browser. `checker.CheckerFailed` when it gives no valid
     score."""
-    written = postconfig(list(evaluator["postconfig"])) if evaluator.get("postconfig") else None
+    printed = postconfig(list(evaluator["postconfig"])) if evaluator.get("postconfig") else None
     if evaluator.get("func") == INFEASIBLE:
         raise Unavailable("an infeasible task is scored from the agent's last action")
     port = browser if asks_browser(evaluator) else None
-    return checker.run(evaluator, http, ROUTES, limits, browser=port, cache=written)
+    if isinstance(printed, Mapping):  # only what a getter reads: the rest is nobody's to check
+        printed = {n: v for n, v in printed.items() if n in read_files(evaluator)}
+    return checker.run(evaluator, http, ROUTES, limits, browser=port, cache=printed)
 
 
 def by_final_action(evaluator: Mapping, last_action: str | None) -> float | None:

@@ -93,6 +93,7 @@ TREE_DEPTH, TREE_WIDTH = 50, 1024  # OSWorld's bounds on one walk: deeper or wid
 # This one's: past it the tree is refused, not cut short (a cut tree reads as an element that
 # is not there, a wrong score rather than a named failure).
 TREE_NODES = 200_000
+TREE_CALL_MS = 20_000  # the longest one application's answer to one question is waited for
 # The image's Google Chrome is Debian's Chromium behind OSWorld's launcher name (image.py); the
 # tree names the application as on OSWorld's x86 machine, where its getters look for the
 # address bar ("application[name=Google Chrome] entry[name=Address and search bar]").
@@ -133,6 +134,7 @@ class Display:
         self.children: list[subprocess.Popen] = []  # X server, window manager, applications
         self.woken = 0.0  # when the window manager was last woken
         self.waking: subprocess.Popen | None = None  # the last wake-up, until it has exited
+        self.tree = False  # AT-SPI's bus is up: the accessibility tree can be walked
 
     def start(self, width: int, height: int) -> None:
         if self.size is not None:
@@ -166,6 +168,7 @@ class Display:
         self.spawn([str(ACCESSIBILITY_BUS), "--launch-immediately"])
         wait_for(lambda: "AT_SPI_BUS(" in run(["xprop", "-root", "AT_SPI_BUS"], timeout=5).stdout,
                  20, "the accessibility bus")  # fmt: skip
+        self.tree = True
 
     def wake(self) -> None:
         """After a restore, send the window manager an event. In a gVisor copy, openbox leaves
@@ -286,6 +289,9 @@ class Routes:
         raise NotImplementedError("this desktop provides no terminal getter")
 
     def r_accessibility(self, method, data):
+        if self.display is None or not self.display.tree:  # AT-SPI aborts with no bus to join
+            raise NotImplementedError("this desktop has no accessibility bus (its image carries "
+                                      "no AT-SPI, or its display has not started)")  # fmt: skip
         return 200, "", {"AT": accessibility_tree()}
 
     # Commands
@@ -431,6 +437,9 @@ def accessibility_tree() -> str:
 
     for prefix, uri in TREE_NS.items():
         ElementTree.register_namespace(prefix, uri)
+    # An application's answer may take seconds in a QEMU guest under TCG; AT-SPI's default wait
+    # (under a second) would leave a slow browser out of the tree, which reads as a wrong score.
+    Atspi.set_timeout(TREE_CALL_MS, TREE_CALL_MS)
     walk = _TreeWalk(Atspi, GLib.Error)
     root = ElementTree.Element("desktop-frame")
     with warnings.catch_warnings():
@@ -473,8 +482,10 @@ class _TreeWalk:
         for key, value in (self.read(node.get_attributes, None) or {}).items():
             if _XML_NAME(key):
                 attrib[_ns("attr", key)] = _xml_text(value)
-        attrib.update(self.read(lambda: self.interfaces(node, attrib), {}))
-        element = ElementTree.Element(role.replace(" ", "-") or "unknown", attrib)
+        attrib.update(self.interfaces(node, attrib))
+        # a role the application names itself, where AT-SPI has none, may be no XML name
+        tag = role.replace(" ", "-")
+        element = ElementTree.Element(tag if _XML_NAME(tag) else "unknown", attrib)
         text = self.read(lambda: self.text(node), "")
         if text:
             element.text = text
@@ -492,13 +503,12 @@ class _TreeWalk:
             return default
 
     def interfaces(self, node, attrib: dict) -> dict:
+        """The node's extents (showing nodes only, as OSWorld's), image, selection, value and
+        actions, each read on its own: one an application fails to give leaves the others."""
         atspi, out = self.atspi, {}
         showing = attrib.get(_ns("st", "visible")) == attrib.get(_ns("st", "showing")) == "true"
-        component = node.get_component_iface() if showing else None
-        if component is not None:
-            box = atspi.Component.get_extents(component, atspi.CoordType.SCREEN)
-            out[_ns("cp", "screencoord")] = str((box.x, box.y))
-            out[_ns("cp", "size")] = str((box.width, box.height))
+        if showing:
+            out |= self.read(lambda: self.extents(node), {})
         if node.get_image_iface() is not None:
             out["image"] = "true"
         if node.get_selection_iface() is not None:
@@ -509,17 +519,30 @@ class _TreeWalk:
                               ("min", atspi.Value.get_minimum_value),
                               ("max", atspi.Value.get_maximum_value),
                               ("step", atspi.Value.get_minimum_increment)):  # fmt: skip
-                out[_ns("val", key)] = str(read(value))
+                got = self.read(lambda read=read: read(value), None)
+                if got is not None:
+                    out[_ns("val", key)] = str(got)
         action = node.get_action_iface()
         if action is not None:
-            for i in range(min(atspi.Action.get_n_actions(action), TREE_WIDTH)):
-                verb = (atspi.Action.get_action_name(action, i) or "").replace(" ", "-")
-                if _XML_NAME(verb):
-                    out[_ns("act", f"{verb}_desc")] = _xml_text(
-                        atspi.Action.get_action_description(action, i) or ""
-                    )
-                    out[_ns("act", f"{verb}_kb")] = _xml_text(
-                        atspi.Action.get_key_binding(action, i) or "")  # fmt: skip
+            out |= self.read(lambda: self.actions(action), {})
+        return out
+
+    def extents(self, node) -> dict:
+        component = node.get_component_iface()
+        if component is None:
+            return {}
+        box = self.atspi.Component.get_extents(component, self.atspi.CoordType.SCREEN)
+        return {_ns("cp", "screencoord"): str((box.x, box.y)),
+                _ns("cp", "size"): str((box.width, box.height))}  # fmt: skip
+
+    def actions(self, action) -> dict:
+        act, out = self.atspi.Action, {}
+        for i in range(min(act.get_n_actions(action), TREE_WIDTH)):
+            verb = (act.get_action_name(action, i) or "").replace(" ", "-")
+            if _XML_NAME(verb):
+                out[_ns("act", f"{verb}_desc")] = _xml_text(
+                    act.get_action_description(action, i) or "")  # fmt: skip
+                out[_ns("act", f"{verb}_kb")] = _xml_text(act.get_key_binding(action, i) or "")
         return out
 
     def text(self, node) -> str:
@@ -569,9 +592,10 @@ class Environment:
     def setup(self, config: list) -> dict[str, bytes]:
         """OSWorld set-up steps, in order; anything else is refused (the host's set-up gate).
         What a command step prints under a name (its `stdout`, `stderr`), by that name: OSWorld
-        keeps it in its cache folder for an evaluation's `cache_file` getter, and does not fail
-        such a step when its command exits non-zero (`diff`, `grep`: the answer is what it
-        printed)."""
+        keeps it in its cache folder for an evaluation's `cache_file` getter. OSWorld fails no
+        command step on its exit; here a step without such a name still fails the set-up when
+        its command exits non-zero (a set-up that did not happen), and one with a name does not
+        (`diff`, `grep`: the answer is what it printed)."""
         printed: dict[str, bytes] = {}
         for step in config:
             kind, params = step.get("type"), step.get("parameters", {}) or {}
