@@ -3,13 +3,14 @@
 sandbox's root, later the QEMU guest), with the image's own Python, so it imports nothing of
 env-ab and only what the image holds (Pillow, python3-xlib, pyautogui).
 
-It starts the display (Xvfb, the openbox window manager) and answers the requests OSWorld's task
-configs, its controllers and its getters make (`desktop_env/controllers/python.py`), on the same
-routes: GET /screenshot, POST /execute (a command list or string, e.g. a pyautogui one-liner),
-/run_python, /run_bash_script, /file, /list_directory, /screen_size, GET /platform, and the set-up
-steps under /setup/ (launch, execute, open_file, upload, activate_window, close_window). Routes a
-getter may ask for but this desktop does not provide (/terminal; /accessibility where the image
-carries no AT-SPI) answer 501.
+It starts the display (Xvfb, the openbox window manager, Ctrl+Alt+T bound to a terminal) and
+answers the requests OSWorld's task configs, its controllers and its getters make
+(`desktop_env/controllers/python.py`), on the same routes: GET /screenshot, POST /execute (a
+command list or string, e.g. a pyautogui one-liner), /run_python, /run_bash_script, /file,
+/list_directory, /screen_size, GET /platform, and the set-up steps under /setup/ (launch,
+execute, open_file, upload, activate_window, close_window). Routes a getter may ask for but this
+desktop does not provide (/terminal; /accessibility where the image carries no AT-SPI) answer
+501.
 
 Two ways in, one set of handlers:
 - `--http PORT --token-file F`: an HTTP server on loopback (`--bind` for a forwarded port) that
@@ -101,6 +102,12 @@ TREE_CALL_MS = 20_000  # the longest one application's answer to one question is
 # where its getters look for the address bar ("application[name=Google Chrome] entry[...]").
 STAND_INS = {"Google Chrome": "Chromium", "google-chrome": "chromium"}
 APPLICATION_NAMES = {"Chromium": "Google Chrome"}  # the image's -> OSWorld's, in the tree
+# Ubuntu's desktop opens a terminal on Ctrl+Alt+T, and OSWorld's set-ups press it and then look
+# for the window `Terminal`. The server binds the key rather than openbox: openbox starts a
+# command with GLib's spawn, which fails in a gVisor sandbox ("Failed to close file descriptor
+# for child process": its close_range refuses CLOSE_RANGE_CLOEXEC with EINVAL).
+TERMINAL = ["st", "-t", "Terminal"]
+TERMINAL_KEY = "_ENVAB_TERMINAL_KEY"  # a root window property: the key is bound
 
 
 def encode(message) -> bytes:
@@ -153,6 +160,8 @@ class Display:
         (HOME / ".Xauthority").touch()  # Xlib (pyautogui) reads it; Xvfb here asks no cookie
         self.spawn(["openbox"])
         wait_for(lambda: _wm_running(), 20, "the window manager")
+        self.spawn([sys.executable, __file__, "--terminal-key"])
+        wait_for(_terminal_key_bound, 20, "the terminal key")
         self.start_accessibility()
         self.size = (width, height)
 
@@ -220,6 +229,35 @@ def _wm_running() -> bool:
 def run(argv, timeout: float = 30, shell: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, shell=shell,
                           cwd=HOME, check=False)  # fmt: skip
+
+
+def terminal_key() -> None:
+    """Bind Ctrl+Alt+T on the display (whatever Caps or Num Lock say) to open TERMINAL in the
+    home folder; mark the root window once bound; serve the key until the display goes."""
+    from Xlib import XK, X, Xatom, error
+    from Xlib import display as xdisplay
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # each terminal reaped as it exits
+    shown = xdisplay.Display(DISPLAY)
+    root = shown.screen().root
+    code = shown.keysym_to_keycode(XK.string_to_keysym("t"))
+    held = error.CatchError(error.BadAccess)
+    for locks in (0, X.LockMask, X.Mod2Mask, X.LockMask | X.Mod2Mask):
+        root.grab_key(code, X.ControlMask | X.Mod1Mask | locks, True, X.GrabModeAsync,
+                      X.GrabModeAsync, onerror=held)  # fmt: skip
+    shown.sync()
+    if held.get_error():
+        sys.exit("Ctrl+Alt+T is held by another client")  # the display's wait names it
+    root.change_property(shown.intern_atom(TERMINAL_KEY), Xatom.STRING, 8, b"bound")
+    shown.sync()
+    while True:
+        if shown.next_event().type == X.KeyPress:
+            subprocess.Popen(TERMINAL, cwd=HOME, start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _terminal_key_bound() -> bool:
+    return '"bound"' in run(["xprop", "-root", TERMINAL_KEY], timeout=5).stdout
 
 
 def wait_for(ok, timeout_s: float, what: str) -> None:
@@ -1024,12 +1062,16 @@ def main(argv=None) -> None:
     where.add_argument("--stdio", action="store_true")
     where.add_argument("--http", type=int, metavar="PORT")
     where.add_argument("--port", metavar="NAME", help="a virtio-serial port (a QEMU guest)")
+    where.add_argument("--terminal-key", action="store_true", help="serve Ctrl+Alt+T (internal)")
     p.add_argument("--size", help="start the display at WxH (HTTP mode)")
     p.add_argument("--token-file", help="HTTP mode: the bearer token callers must send")
     p.add_argument("--bind", default="127.0.0.1", help="HTTP mode: the address to listen on")
     args = p.parse_args(argv)
     if args.http is not None and not args.token_file:
         p.error("--http needs --token-file: whoever reaches the port runs commands here")
+    if args.terminal_key:
+        terminal_key()
+        return
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     env = Environment(Display())
     if args.stdio:
