@@ -158,20 +158,26 @@ def test_a_terminal_is_the_first_window_of_a_restored_desktop_and_opens_a_file(p
     assert scores == [1.0, 0.0]
 
 
-def test_ctrl_alt_t_opens_a_terminal_in_the_home_folder_as_osworlds_set_ups_expect(pool, tasks):
-    """OSWorld's set-ups press Ctrl+Alt+T (pyautogui, as Ubuntu's desktop opens a terminal on
-    it) and then activate the window `Terminal`; the server binds the key, since openbox's own
-    Execute fails in gVisor. The shell it opens runs in the home folder."""
+def test_the_desktop_is_as_osworlds_set_ups_expect_ctrl_alt_t_and_the_home_folders(pool, tasks):
+    """OSWorld's set-ups write into the home's Desktop folder without making it, press
+    Ctrl+Alt+T (pyautogui, as Ubuntu's desktop opens a terminal on it) and then activate the
+    window `Terminal`; the server binds the key, since openbox's own Execute fails in gVisor.
+    The shell it opens runs in the home folder."""
     task = json.loads(json.dumps(tasks[0][TASK_ID]))
     press = "import pyautogui; pyautogui.hotkey('ctrl', 'alt', 't')"
     task["config"] = [
+        {"type": "execute", "parameters": {"command": ["mkdir", "/root/Desktop/todo_Jan_1"]}},
         {"type": "execute", "parameters": {"command": ["python3", "-c", press]}},
         {"type": "activate_window", "parameters": {"window_name": "Terminal"}},
     ]
     task["evaluator"] = {
         "func": "check_include_exclude",
-        "result": {"type": "vm_command_line", "command": "cat /root/where.txt", "shell": True},
-        "expected": {"type": "rule", "rules": {"include": ["/root"], "exclude": ["/opt"]}},
+        "result": {
+            "type": "vm_command_line",
+            "command": "cat where.txt; ls ~/Desktop",
+            "shell": True,
+        },
+        "expected": {"type": "rule", "rules": {"include": ["/root\ntodo_Jan_1"]}},
     }
     env = pool.create(task)
     assert env["valid"], env

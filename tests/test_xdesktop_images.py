@@ -161,3 +161,23 @@ def test_the_full_image_is_keyed_by_the_base_and_its_packages_and_never_the_defa
     # what a bare call or command builds is the base: the full image is about 400 MB of packages
     assert inspect.signature(image.ensure_desktop).parameters["image"].default == "base"
     assert apps.DEFAULT_IMAGE == "base"
+
+
+@pytest.mark.parametrize(
+    "argv, runs_as",
+    [
+        (["-S", "sh", "-c", "cat; echo ran"], "ran"),  # the password line is sudo's, not CMD's
+        (["-S", "-u", "charles", "--", "sh", "-c", "cat; echo ran"], "ran"),
+        (["-E", "sh", "-c", "cat"], "password"),  # no -S: standard input stays the command's
+    ],
+)
+def test_the_full_images_sudo_runs_the_command_reading_the_password_as_sudo_does(
+    tmp_path, argv, runs_as
+):
+    """OSWorld's set-ups pipe a password into `sudo -S`; the stand-in (Debian's sudo cannot run
+    in a gVisor sandbox) runs the command and leaves it none of that line."""
+    sudo = tmp_path / "sudo"
+    sudo.write_text(image.SUDO)
+    done = subprocess.run(["sh", str(sudo), *argv], input="password\n", capture_output=True,
+                          text=True, timeout=10)  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, runs_as), done.stderr

@@ -152,8 +152,9 @@ FULL_PACKAGES = (
     "python3-gi",
     "gir1.2-atspi-2.0",
 )
-# 2: what OSWorld's set-ups take for granted (packages, /home/user, background); 3: AT-SPI
-FULL_RECIPE = 3
+# 2: what OSWorld's set-ups take for granted (packages, /home/user, background); 3: AT-SPI;
+# 4: sudo as a stand-in
+FULL_RECIPE = 4
 # OSWorld's tasks launch `google-chrome --remote-debugging-port=1337`; Debian has Chromium. Its
 # sandbox needs user namespaces a gVisor sandbox's root does not hand a process, and Chromium
 # refuses to run as root without --no-sandbox; the environment itself is the sandbox. A launch
@@ -173,6 +174,23 @@ esac
 exec /usr/bin/chromium --no-sandbox --no-first-run --no-default-browser-check \
   --password-store=basic --disable-dev-shm-usage --disable-gpu --force-renderer-accessibility \
   $port $profile "$@"
+"""
+# OSWorld's set-ups run `echo password | sudo -S CMD` as its user. Here that user is root, and
+# Debian's sudo cannot run in a gVisor sandbox (its setresuid to read sudoers is refused), so a
+# stand-in earlier on PATH runs CMD as root, reading the password line -S says comes on standard
+# input as sudo does. Options that pick another user are read and not obeyed: root is every user.
+SUDO = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -S|--stdin) IFS= read -r _ || true; shift ;;
+    -u|-g|-p|-C|-h|-U|-r|-t|-T|-D|-R|--user|--group|--prompt) shift 2 ;;
+    --) shift; break ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || exec /bin/sh
+exec "$@"
 """
 # Which application opens what in the full image: office files in LibreOffice, as on OSWorld's
 # machine (so the base image's Gnumeric task opens its .xlsx in Calc here), pages in Chromium,
@@ -248,6 +266,7 @@ def full_inputs(base_digest: str) -> dict:
         "base": base_digest,
         "packages": sorted(FULL_PACKAGES),
         "chrome": CHROME,
+        "sudo": SUDO,
         "mimeapps": FULL_MIMEAPPS,
         "libreoffice": LIBREOFFICE_DEFAULTS,
         "vlc_as_root": True,
@@ -297,6 +316,9 @@ def build_full(cache: Path, base: Path, rootfs: Path) -> dict:
     chrome.parent.mkdir(parents=True, exist_ok=True)
     chrome.write_text(CHROME)
     chrome.chmod(0o755)
+    sudo = rootfs / "usr/local/bin/sudo"  # before /usr/bin on the server's PATH
+    sudo.write_text(SUDO)
+    sudo.chmod(0o755)
     (rootfs / "usr/share/applications/mimeapps.list").write_text(FULL_MIMEAPPS)
     openbox = rootfs / "usr/local/bin/openbox"  # before /usr/bin on the server's PATH
     openbox.write_text(OPENBOX)

@@ -107,6 +107,10 @@ APPLICATION_NAMES = {"Chromium": "Google Chrome"}  # the image's -> OSWorld's, i
 # command with GLib's spawn, which fails in a gVisor sandbox ("Failed to close file descriptor
 # for child process": its close_range refuses CLOSE_RANGE_CLOEXEC with EINVAL).
 TERMINAL = ["st", "-t", "Terminal"]
+# The folders a home on OSWorld's Ubuntu machine starts with (xdg-user-dirs), which its set-ups
+# write into without making them (`mkdir ~/Desktop/todo_list_Jan_1`).
+USER_DIRS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Public", "Templates",
+             "Videos")  # fmt: skip
 TERMINAL_KEY = "_ENVAB_TERMINAL_KEY"  # a root window property: the key is bound
 
 
@@ -152,7 +156,8 @@ class Display:
                 raise SetupError(f"display is {self.size}, asked for {(width, height)}")
             return
         os.environ["DISPLAY"] = DISPLAY
-        HOME.mkdir(parents=True, exist_ok=True)
+        for folder in USER_DIRS:
+            (HOME / folder).mkdir(parents=True, exist_ok=True)
         self.spawn(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
                     "-noreset", "-nocursor"])  # fmt: skip
         wait_for(lambda: Path("/tmp/.X11-unix/X0").exists(), 20, "the X server")
