@@ -47,6 +47,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -111,7 +112,6 @@ TERMINAL = ["st", "-t", "Terminal"]
 # write into without making them (`mkdir ~/Desktop/todo_list_Jan_1`).
 USER_DIRS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Public", "Templates",
              "Videos")  # fmt: skip
-TERMINAL_KEY = "_ENVAB_TERMINAL_KEY"  # a root window property: the key is bound
 
 
 def encode(message) -> bytes:
@@ -165,10 +165,35 @@ class Display:
         (HOME / ".Xauthority").touch()  # Xlib (pyautogui) reads it; Xvfb here asks no cookie
         self.spawn(["openbox"])
         wait_for(lambda: _wm_running(), 20, "the window manager")
-        self.spawn([sys.executable, __file__, "--terminal-key"])
-        wait_for(_terminal_key_bound, 20, "the terminal key")
+        self.bind_terminal_key()
         self.start_accessibility()
         self.size = (width, height)
+
+    def bind_terminal_key(self) -> None:
+        """Ctrl+Alt+T (whatever Caps or Num Lock say) opens TERMINAL in the home folder: grabbed
+        here, then served by a thread of the server on a connection of its own. A thread, not
+        a process: a second interpreter took over 20 s to start in a QEMU guest under TCG on a
+        loaded host."""
+        from Xlib import XK, X, error
+        from Xlib import display as xdisplay
+
+        shown = xdisplay.Display(DISPLAY)
+        root = shown.screen().root
+        code = shown.keysym_to_keycode(XK.string_to_keysym("t"))
+        held = error.CatchError(error.BadAccess)
+        for locks in (0, X.LockMask, X.Mod2Mask, X.LockMask | X.Mod2Mask):
+            root.grab_key(code, X.ControlMask | X.Mod1Mask | locks, True, X.GrabModeAsync,
+                          X.GrabModeAsync, onerror=held)  # fmt: skip
+        shown.sync()
+        if held.get_error():
+            raise SetupError("Ctrl+Alt+T is held by another client of the display")
+
+        def serve() -> None:
+            while True:
+                if shown.next_event().type == X.KeyPress:
+                    self.spawn(TERMINAL, cwd=HOME)
+
+        threading.Thread(target=serve, name="terminal-key", daemon=True).start()
 
     def start_accessibility(self) -> None:
         """A session bus for everything started from here on, and AT-SPI's bus, which the
@@ -234,35 +259,6 @@ def _wm_running() -> bool:
 def run(argv, timeout: float = 30, shell: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, shell=shell,
                           cwd=HOME, check=False)  # fmt: skip
-
-
-def terminal_key() -> None:
-    """Bind Ctrl+Alt+T on the display (whatever Caps or Num Lock say) to open TERMINAL in the
-    home folder; mark the root window once bound; serve the key until the display goes."""
-    from Xlib import XK, X, Xatom, error
-    from Xlib import display as xdisplay
-
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # each terminal reaped as it exits
-    shown = xdisplay.Display(DISPLAY)
-    root = shown.screen().root
-    code = shown.keysym_to_keycode(XK.string_to_keysym("t"))
-    held = error.CatchError(error.BadAccess)
-    for locks in (0, X.LockMask, X.Mod2Mask, X.LockMask | X.Mod2Mask):
-        root.grab_key(code, X.ControlMask | X.Mod1Mask | locks, True, X.GrabModeAsync,
-                      X.GrabModeAsync, onerror=held)  # fmt: skip
-    shown.sync()
-    if held.get_error():
-        sys.exit("Ctrl+Alt+T is held by another client")  # the display's wait names it
-    root.change_property(shown.intern_atom(TERMINAL_KEY), Xatom.STRING, 8, b"bound")
-    shown.sync()
-    while True:
-        if shown.next_event().type == X.KeyPress:
-            subprocess.Popen(TERMINAL, cwd=HOME, start_new_session=True, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-
-
-def _terminal_key_bound() -> bool:
-    return '"bound"' in run(["xprop", "-root", TERMINAL_KEY], timeout=5).stdout
 
 
 def wait_for(ok, timeout_s: float, what: str) -> None:
@@ -1067,16 +1063,12 @@ def main(argv=None) -> None:
     where.add_argument("--stdio", action="store_true")
     where.add_argument("--http", type=int, metavar="PORT")
     where.add_argument("--port", metavar="NAME", help="a virtio-serial port (a QEMU guest)")
-    where.add_argument("--terminal-key", action="store_true", help="serve Ctrl+Alt+T (internal)")
     p.add_argument("--size", help="start the display at WxH (HTTP mode)")
     p.add_argument("--token-file", help="HTTP mode: the bearer token callers must send")
     p.add_argument("--bind", default="127.0.0.1", help="HTTP mode: the address to listen on")
     args = p.parse_args(argv)
     if args.http is not None and not args.token_file:
         p.error("--http needs --token-file: whoever reaches the port runs commands here")
-    if args.terminal_key:
-        terminal_key()
-        return
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     env = Environment(Display())
     if args.stdio:
