@@ -322,7 +322,8 @@ def evaluate(
         raise Unavailable("an infeasible task is scored from the agent's last action")
     port = browser if asks_browser(evaluator) else None
     if isinstance(printed, Mapping):  # only what a getter reads: the rest is nobody's to check
-        printed = {n: v for n, v in printed.items() if n in read_files(evaluator)}
+        wanted = read_files(evaluator)
+        printed = {n: v for n, v in printed.items() if n in wanted}
     return checker.run(evaluator, http, ROUTES, limits, browser=port, cache=printed)
 
 
