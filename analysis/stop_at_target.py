@@ -2,7 +2,7 @@
 is decided (the pre-registration's budget.stop_at_target).
 
     python -m envab.analysis.stop_at_target --target T --receipts R... --pins P \
-        --checkpoint-records C --checkpoints DIR --heldout heldout.jsonl \
+        --checkpoint-records C --checkpoints DIR [--heldout heldout.jsonl] \
         --backend '{"backend": "drums", ...}' --confirm-backend '{...}' --store S \
         --judged DIR --out verdict.json [--cores N]
 
@@ -38,6 +38,7 @@ from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal
 from envab.eval import heldout, workers
 from envab.io import atomic_write_json, read_jsonl
+from envab.receipts import read_receipt
 
 GO_ON = "go on"
 STOP = "stop"
@@ -56,8 +57,18 @@ def decide(confirmation: dict | None, crossing: dict, registered: bool) -> tuple
     return STOP, "crossing_not_confirmed"
 
 
+def frozen_heldout(receipts: list[str]) -> str:
+    """The held-out split's file, as the frozen split receipt among `receipts` names it."""
+    for path in receipts:
+        if Path(path).name == "split.json":
+            split = read_receipt(path)
+            return next(s["name"] for s in split["subject"] if s["name"].endswith("heldout.jsonl"))
+    raise Refusal("the judge was given no split receipt to find the held-out split by")
+
+
 def judge(args) -> dict:
     prereg = preregistration.Preregistration.load(args.target)
+    args.heldout = args.heldout or frozen_heldout(args.receipts)
     judged = Path(args.judged)
     (judged / "eval").mkdir(parents=True, exist_ok=True)
     # what the evaluation and the confirmation are both given, as their rules give it
@@ -110,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pins", required=True, help="the run's pins.json")
     parser.add_argument("--checkpoint-records", required=True, help="the run's checkpoints.jsonl")
     parser.add_argument("--checkpoints", required=True, help="the run's checkpoints/ folder")
-    parser.add_argument("--heldout", required=True, help="heldout.jsonl")
+    parser.add_argument(
+        "--heldout",
+        help="heldout.jsonl; by default the held-out file the split receipt names, so that the "
+        "training process that starts this judge never carries a held-out path",
+    )
     parser.add_argument("--backend", required=True, help="JSON: the run's evaluation arm config")
     parser.add_argument("--confirm-backend", required=True, help="JSON: the confirmation's")
     parser.add_argument("--store", required=True, help="evaluations by key (eval/reuse.py)")

@@ -25,7 +25,18 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-COPIED = ("Snakefile", "rules", "schemas", "report", "envab", "envs", "trainer", "eval", "analysis")
+COPIED = (
+    "Snakefile",
+    "rules",
+    "schemas",
+    "report",
+    "envab",
+    "envs",
+    "trainer",
+    "eval",
+    "analysis",
+    "pyproject.toml",
+)  # what the code pins hash (envab/codepins.py)
 
 
 def workflow(out: Path, valid: int, model_dir: str | None) -> Path:

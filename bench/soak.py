@@ -43,7 +43,7 @@ from envab.trainer.resume import MOMENTS
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOW = ["Snakefile", "config.yaml", "environment.yaml", "rules", "schemas", "preregistration",
-            "report", "envab", "envs", "trainer", "eval", "analysis"]  # fmt: skip
+            "report", "envab", "envs", "trainer", "eval", "analysis", "pyproject.toml"]  # fmt: skip
 ARMS = {
     # A step resets its whole batch (2 x 2 sessions) before generating: 4 VMs at most.
     "qemu": {

@@ -63,6 +63,13 @@ def selection_words(targets) -> dict:
     return words
 
 
+def selection_name(config: dict) -> str | None:
+    """The name a selection's answer is written under (`arm-drums_seed-1`), so that a one-arm or
+    one-seed run never replaces the registration's answer; None where every run is selected."""
+    parts = [f"{key}-{config[key]}" for key in SELECTION_KEYS if config.get(key) is not None]
+    return "_".join(parts) or None
+
+
 def select(config: dict, words: dict, source: str = "config") -> None:
     """Put the selection typed as targets into config, where every job reads it (a job that a
     cluster executor spawns re-parses the workflow without the targets). A word that disagrees

@@ -6,7 +6,7 @@
         --seed 0 --heldout-fraction 0.25 [--unit class] [--stratify domain] --train train.jsonl \
         --heldout heldout.jsonl --receipt R/split.json
     python -m envab.freeze code --target T --receipts R/preregistration.json \
-        --groups '{"trainer": ["trainer/**/*.py"]}' --receipt R/code.json
+        --repository . --receipt R/code.json
     python -m envab.freeze pins --target T --receipts R/*.json --arm drums --seed 1 \
         --arm-config '{...}' --training '{...}' --out pins.json
 
@@ -111,21 +111,26 @@ def cmd_split(args) -> None:
 
 def cmd_code(args) -> None:
     _, receipts = preregistration.frozen_inputs(args)
-    groups = codepins.pin_groups(json.loads(args.groups))
+    patterns = codepins.code_pins(args.repository)
+    groups = codepins.pin_groups(patterns)
     files = {path: digest for g in groups.values() for path, digest in g["files"].items()}
+    # A freeze on a dirty tree is recorded, file by file: the commit alone would not say what ran.
+    dirty = codepins.uncommitted(sorted(files))
     write_receipt(
         args.receipt,
         "code",
         subjects=[subject(path, digest) for path, digest in sorted(files.items())],
         predicate={
-            "patterns": json.loads(args.groups),
+            "patterns": patterns,
             "groups": groups,
             "sha256": aggregate_digest(files),
-            "source": repo_commit(),
+            "source": {**repo_commit(), "uncommitted": dirty},
         },
         depends_on=receipts.paths,
     )
     print(f"code: {len(files)} files pinned in {len(groups)} groups")
+    if dirty:
+        print(f"code: {len(dirty)} pinned files differ from the commit, recorded: {dirty[:5]}")
 
 
 def cmd_pins(args) -> None:
@@ -184,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=cmd_split)
 
     p = frozen_parser("code", "hash the pinned source files, write code.json")
-    p.add_argument("--groups", required=True, help="JSON: group -> list of globs")
+    p.add_argument(
+        "--repository",
+        default=".",
+        help="the folder of the Snakefile, whose files envab.codepins.CODE_PINS names",
+    )
     p.add_argument("--receipt", required=True)
     p.set_defaults(run=cmd_code)
 

@@ -144,7 +144,8 @@ def verify_dir(receipts: str | Path, root: str | Path = ".", public_key=None) ->
     `root`). What the freeze must have written is there or MISSING, not unnoticed: the
     pre-registration's receipt always, and all four freeze receipts once anything later is."""
     receipts = Path(receipts)
-    files = sorted(receipts.glob("*.json"))
+    # the registration's receipts, and each selection's answer (arm=, seed=) under selections/
+    files = sorted(receipts.glob("*.json")) + sorted(receipts.glob("selections/*/*.json"))
     if not files:
         return [Check("MISSING", receipts.as_posix(), receipts.as_posix(), "receipt")]
     later = any(f.name not in FREEZE_RECEIPTS for f in files)

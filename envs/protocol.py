@@ -144,6 +144,25 @@ def verdict_for(failed_gates: tuple[str, ...] | list[str]) -> Verdict:
         return Verdict.ENV_FAILURE
 
 
+def mistyped(d: Mapping) -> list[str]:
+    """The fields of a verifier's answer that are not of their protocol types, by name: `valid`
+    a boolean, `verdict` a string, `score` a number or null (a boolean is not a number here),
+    `failed_gates` a list of strings, `audit` an object."""
+    if not isinstance(d, Mapping):
+        return ["answer"]
+    score = d.get("score")
+    gates = d.get("failed_gates", [])
+    checks = {
+        "valid": isinstance(d.get("valid"), bool),
+        "verdict": isinstance(d.get("verdict"), str),
+        "score": score is None or (isinstance(score, int | float) and not isinstance(score, bool)),
+        "failed_gates": gates is None
+        or (isinstance(gates, list | tuple) and all(isinstance(g, str) for g in gates)),
+        "audit": d.get("audit") is None or isinstance(d.get("audit"), Mapping),
+    }
+    return [name for name, ok in checks.items() if not ok]
+
+
 def reported(valid, verdict, failed_gates) -> tuple[bool, str, tuple[str, ...]]:
     """(valid, verdict, failed_gates) as another process reported them, read safely: a verdict we
     do not know becomes the one its gates give (environment failure without any), an answer that
@@ -253,7 +272,12 @@ class Verification(Mapping):
     @classmethod
     def from_dict(cls, d: Mapping) -> Verification:
         """Another process's answer (a host's JSON). One that names a verdict or gate we do not
-        know, or contradicts itself, is an invalid episode whose audit keeps what was said."""
+        know, or contradicts itself, is an invalid episode whose audit keeps what was said. So is
+        one whose fields are not of their JSON types (`"valid": "false"` is not false, and is
+        not true either: Python's truth of a string would make it valid): the gate host_answer,
+        whatever validator stood before this one."""
+        if wrong := mistyped(d):
+            return cls.invalid([Gate.HOST_ANSWER], host_answer_types=wrong)
         audit = dict(d.get("audit") or {})
         valid, verdict, gates = reported(d["valid"], d["verdict"], d.get("failed_gates"))
         if (valid, verdict) != (bool(d["valid"]), d["verdict"]):

@@ -9,29 +9,27 @@ rule outcome:
         receipts=training_receipts(),
         runs=all_run_records,
     output:
-        json=f"{RESULTS}/outcome.json",
-        md=report(
-            f"{RESULTS}/outcome.md", caption="../report/outcome.rst", category="Outcome"
-        ),
+        json=f"{ANSWER}/outcome.json",
+        md=report(f"{ANSWER}/outcome.md", caption="../report/outcome.rst", category="Outcome"),
         curves_valid=report(
-            f"{RESULTS}/figures/curves_valid.png",
+            f"{ANSWER}/figures/curves_valid.png",
             caption="../report/curves_valid.rst",
             category="Learning curves",
         ),
         curves_wallclock=report(
-            f"{RESULTS}/figures/curves_wallclock.png",
+            f"{ANSWER}/figures/curves_wallclock.png",
             caption="../report/curves_wallclock.rst",
             category="Learning curves",
         ),
-        receipt=f"{RECEIPTS}/outcome.json",
+        receipt=f"{ANSWER_RECEIPTS}/outcome.json",
     params:
         runs=run_arguments,
     conda:
         SOFTWARE
     benchmark:
-        f"{BENCHMARKS}/outcome.tsv",
+        f"{ANSWER_BENCHMARKS}/outcome.tsv",
     log:
-        f"{LOGS}/outcome.log",
+        f"{ANSWER_LOGS}/outcome.log",
     shell:
         "python -m envab.analysis.outcome --target {input.target} --receipts {input.receipts}"
         " {params.runs}"
@@ -76,20 +74,20 @@ rule verification:
     input:
         receipts=training_receipts()
         + training_records_receipts()
-        + [f"{RECEIPTS}/outcome.json"]
-        + ([f"{RECEIPTS}/controls.json"] if CONTROL_RUNS else []),
+        + [f"{ANSWER_RECEIPTS}/outcome.json"]
+        + ([f"{ANSWER_RECEIPTS}/controls.json"] if CONTROL_RUNS else []),
     output:
         report(
-            f"{RESULTS}/verification.html",
+            f"{ANSWER}/verification.html",
             caption="../report/verification.rst",
             category="Outcome",
         ),
     conda:
         SOFTWARE
     benchmark:
-        f"{BENCHMARKS}/verification.tsv",
+        f"{ANSWER_BENCHMARKS}/verification.tsv",
     log:
-        f"{LOGS}/verification.log",
+        f"{ANSWER_LOGS}/verification.log",
     shell:
         "python -m envab.verify --receipts {input.receipts} --html {output} > {log} 2>&1"
 

@@ -1,6 +1,7 @@
 # Configuration is validated once here; everything below reads the typed results. The input
 # functions and helpers of every rule file live here too, so those files hold rules only.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -8,8 +9,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
-from envab import preregistration
-from envab.config import load_config, select, selected_runs, selection_words
+from envab import codepins, preregistration
+from envab.config import load_config, select, selected_runs, selection_name, selection_words
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
 from envab.receipts import FREEZE_RECEIPTS
@@ -54,6 +55,31 @@ except ConfigError as e:
     sys.exit(f"env-ab: {e}")
 
 EXP = PREREG.experiment_id
+# The folder of the Snakefile, as seen from the working directory (`..` under --directory .test):
+# the code pins (envab/codepins.py) name the repository's files from there.
+REPOSITORY = shlex.quote(os.path.relpath(workflow.basedir))
+
+
+def refuse_changed_code():
+    """Once the experiment is frozen, an edit to any pinned file (the analysis that decides the
+    answer included) stops every later run here, naming the file; `verify` alone still runs, so
+    that the reviewer sees every item's line."""
+    receipt = Path(f"receipts/{EXP}/code.json")
+    if not receipt.is_file() or set(command_line_targets()) == {"verify"}:
+        return
+    try:
+        changed = codepins.changed_since(json.loads(receipt.read_text())["predicate"])
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+        sys.exit(f"env-ab: {receipt} cannot be checked against the code ({e}); run verify")
+    if changed:
+        sys.exit(
+            f"env-ab: code changed since experiment '{EXP}' was frozen: {', '.join(changed[:5])}"
+            f"{' ...' if len(changed) > 5 else ''}. Restore it (git checkout -- <file>), or "
+            "register a new experiment_id; `snakemake --cores 1 verify` lists every item"
+        )
+
+
+refuse_changed_code()
 # The pre-registration is a file of the repository, read where the job runs (in the project's
 # image on a cluster), never fetched from or written to remote storage.
 TARGET = local(config["preregistration"])
@@ -69,6 +95,13 @@ LOGS = f"logs/{EXP}"
 BENCHMARKS = f"benchmarks/{EXP}"  # each job's wall-clock, CPU time and memory (Snakemake)
 EVALUATIONS = f"{RESULTS}/evaluations"  # evaluation records by key, each played once
 PREREG_RECEIPT = f"{RECEIPTS}/preregistration.json"
+# Where the answer goes: the registration's, from every run; a selection's (arm=, seed=) apart,
+# under its own name, so that a one-arm run never replaces the registration's answer.
+SELECTED = selection_name(config)
+ANSWER = f"{RESULTS}/selections/{SELECTED}" if SELECTED else RESULTS
+ANSWER_RECEIPTS = f"{RECEIPTS}/selections/{SELECTED}" if SELECTED else RECEIPTS
+ANSWER_LOGS = f"{LOGS}/selections/{SELECTED}" if SELECTED else LOGS
+ANSWER_BENCHMARKS = f"{BENCHMARKS}/selections/{SELECTED}" if SELECTED else BENCHMARKS
 FROZEN = [f"{RECEIPTS}/{name}" for name in FREEZE_RECEIPTS]  # what every later job builds on
 SFT_ENABLED = config["training"]["sft"]["enabled"]
 SFT_MODEL = f"{RESULTS}/sft/model"
@@ -171,19 +204,14 @@ def stops_at_target(arm):
     return PREREG.budget_for(arm).stop_at_target
 
 
-def judge_heldout(wildcards):
-    """The held-out split, for a run that stops at target: read by its judge's own process."""
-    return [f"{RESULTS}/tasks/heldout.jsonl"] if stops_at_target(wildcards.arm) else []
-
-
 def stop_at_target(wildcards):
     """How a training job that stops at target has each checkpoint judged (trainer/grpo.py,
     analysis/stop_at_target.py): as the eval and confirm rules would play it, into the same
     evaluation store; nothing where the run trains to its budget."""
     if not stops_at_target(wildcards.arm):
         return ""
+    # No held-out path: the judge finds the split's file from the frozen receipts itself.
     judge = {
-        "heldout": f"{RESULTS}/tasks/heldout.jsonl",
         "backend": eval_backend(wildcards.arm),
         "confirm_backend": config["arms"][PREREG.evaluation.backend],
         "store": EVALUATIONS,
@@ -279,8 +307,8 @@ def control_run_arguments(wildcards):
 def answer_outputs():
     """What `all` asks for: the outcome, its verification, the controls' table where any are
     registered, and one table per run."""
-    answer = [f"{RESULTS}/outcome.md", f"{RESULTS}/verification.html"]
-    answer += [f"{RESULTS}/controls.md"] if CONTROL_RUNS else []
+    answer = [f"{ANSWER}/outcome.md", f"{ANSWER}/verification.html"]
+    answer += [f"{ANSWER}/controls.md"] if CONTROL_RUNS else []
     return answer + [f"{run_dir(a, s)}/curve.csv" for a, s in RUNS + CONTROL_RUNS]
 
 

@@ -9,19 +9,17 @@ rule controls:
         receipts=training_receipts(),
         runs=controls_inputs,
     output:
-        json=f"{RESULTS}/controls.json",
-        md=report(
-            f"{RESULTS}/controls.md", caption="../report/controls.rst", category="Outcome"
-        ),
-        receipt=f"{RECEIPTS}/controls.json",
+        json=f"{ANSWER}/controls.json",
+        md=report(f"{ANSWER}/controls.md", caption="../report/controls.rst", category="Outcome"),
+        receipt=f"{ANSWER_RECEIPTS}/controls.json",
     params:
         runs=controls_arguments,
     conda:
         SOFTWARE
     benchmark:
-        f"{BENCHMARKS}/controls.tsv",
+        f"{ANSWER_BENCHMARKS}/controls.tsv",
     log:
-        f"{LOGS}/controls.log",
+        f"{ANSWER_LOGS}/controls.log",
     shell:
         "python -m envab.analysis.controls --target {input.target} --receipts {input.receipts}"
         " {params.runs} --json {output.json} --md {output.md} --receipt {output.receipt}"

@@ -43,9 +43,8 @@ checkpoint train:
         train=f"{RESULTS}/tasks/train.jsonl",
         guest=qemu_guest_record,
         model=training_model(),
-        # Read by the stop-at-target judge's own process, never by the trainer (target.yaml:
-        # budget.stop_at_target); none where the run trains to its budget.
-        heldout=judge_heldout,
+        # No held-out input: the stop-at-target judge's own process finds the held-out split by
+        # the split receipt (made with train.jsonl by the split rule); the trainer never has it.
     output:
         run=run_file("run.json"),
         trajectories=run_file("trajectories.jsonl"),

@@ -48,6 +48,7 @@ WORKFLOW_PATHS = [
     "trainer",
     "eval",
     "analysis",
+    "pyproject.toml",
 ]
 
 

@@ -21,6 +21,26 @@ import pytest
 from conftest import SHIPPED_EXP as EXP
 
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
+# Every Python process of the runs carries an audit hook (sitecustomize) that writes down each
+# open of a split's file, with the process's command line: the held-out wall, read from outside.
+AUDIT_HOOK = """
+import json, os, sys
+_log, _busy = os.environ["ENVAB_TEST_OPENS"], []
+def _hook(event, args):
+    if event != "open" or _busy or not isinstance(args[0], (str, bytes)):
+        return
+    path = os.fsdecode(args[0])
+    if os.path.basename(path) not in ("train.jsonl", "heldout.jsonl"):
+        return
+    _busy.append(1)
+    try:
+        fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, (json.dumps({"argv": sys.argv, "path": path}) + "\\n").encode())
+        os.close(fd)
+    finally:
+        _busy.clear()
+sys.addaudithook(_hook)
+"""
 RESULTS = Path("results") / EXP
 RECEIPTS = Path("receipts") / EXP
 TOKEN_FILE = Path("secrets") / "drums.token"
@@ -69,6 +89,11 @@ def answered(tmp_path_factory, make_workflow):
     (workflow.root / TOKEN_FILE).parent.mkdir()
     (workflow.root / TOKEN_FILE).write_text(TOKEN + "\n")
     (workflow.root / TOKEN_FILE).chmod(0o600)
+    hook = tmp_path_factory.mktemp("audit")
+    (hook / "sitecustomize.py").write_text(AUDIT_HOOK)
+    workflow.opens = hook / "opens.jsonl"
+    audited = {"PYTHONPATH": str(hook), "ENVAB_TEST_OPENS": str(workflow.opens)}
+    OFFLINE.update(audited)  # every run of this module's workflow, the selection's included
     workflow.selected = run_selected_through_a_cluster_executor(workflow)
     workflow.console = ""  # what Snakemake's console showed
     for targets in ((), ("report",)):
@@ -102,7 +127,9 @@ def run_selected_through_a_cluster_executor(workflow) -> dict:
     assert result.returncode == 0, result.stderr[-3000:] + (
         log.read_text()[-3000:] if log.exists() else ""
     )
-    outcome = json.loads((workflow.root / RESULTS / "outcome.json").read_text())
+    # a selection's answer, under its own name: never the registration's (see below)
+    selection = workflow.root / RESULTS / "selections" / "arm-drums_seed-1"
+    outcome = json.loads((selection / "outcome.json").read_text())
     return {
         "runs": sorted(
             p.parent.name + "/" + p.name for p in (workflow.root / RESULTS).glob("*/seed*")
@@ -110,6 +137,20 @@ def run_selected_through_a_cluster_executor(workflow) -> dict:
         "outcome": sorted((r["arm"], r["seed"]) for r in outcome["runs"]),
         "jobs": {p.name: p.read_text() for p in (workflow.root / "submitted").iterdir()},
     }
+
+
+def test_no_training_process_ever_opens_the_held_out_split(answered):
+    # The hook is live where it matters: training processes opened train.jsonl, and the
+    # stop-at-target judge (its own process) opened the held-out split; no trainer did.
+    opens = [json.loads(line) for line in answered.opens.read_text().splitlines()]
+    by = [(Path(o["argv"][0]).name, Path(o["path"]).name) for o in opens]
+    assert ("grpo.py", "train.jsonl") in by, sorted(set(by))
+    assert ("stop_at_target.py", "heldout.jsonl") in by, sorted(set(by))
+    assert ("grpo.py", "heldout.jsonl") not in by
+    assert ("sft.py", "heldout.jsonl") not in by
+    # nor is a held-out path ever in a trainer's arguments
+    trainers = [o["argv"] for o in opens if Path(o["argv"][0]).name in ("grpo.py", "sft.py")]
+    assert trainers and not any("heldout" in arg for argv in trainers for arg in argv)
 
 
 def test_the_literal_command_ran_only_that_arm_and_seed_on_a_cluster(answered):
@@ -121,6 +162,22 @@ def test_the_literal_command_ran_only_that_arm_and_seed_on_a_cluster(answered):
     assert any(name.startswith("snakejob.outcome.") for name in spawned)
     for name, script in spawned.items():  # each re-parsed with the selection as config
         assert "--config \"arm='drums'\" 'seed=1'" in script, name
+
+
+def test_a_selection_after_the_whole_run_leaves_the_registrations_answer_as_it_was(answered):
+    # The answer of every run, then `snakemake arm=drums seed=1` again: the selection's answer
+    # is its own (written by the first selection, before the whole run), the registration's
+    # outcome and its receipt are byte for byte what they were.
+    answer = [RESULTS / "outcome.json", RESULTS / "outcome.md", RECEIPTS / "outcome.json"]
+    before = {path: (answered.root / path).read_bytes() for path in answer}
+    result = answered.snakemake("arm=drums", "seed=1", timeout=900, env=OFFLINE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {path: (answered.root / path).read_bytes() for path in answer} == before
+    whole = json.loads(before[RESULTS / "outcome.json"])
+    assert len(whole["runs"]) == 2  # both arms' seed 1, not the selection's one run
+    selection = RESULTS / "selections" / "arm-drums_seed-1"
+    receipt = answered.root / RECEIPTS / "selections" / "arm-drums_seed-1" / "outcome.json"
+    assert (answered.root / selection / "outcome.md").is_file() and receipt.is_file()
 
 
 def test_the_console_shows_each_jobs_log_and_progress(answered):
@@ -244,16 +301,19 @@ def test_an_identical_checkpoint_is_played_once_and_reused_by_every_run_that_sav
             evaluations.setdefault(files, []).append(record)
             if saved["valid_trajectories"] == 0:
                 starting.add(files)
+    store = answered.root / RESULTS / "evaluations"
     for records in evaluations.values():
-        # played once: by an eval job, or (stop at target) by the judge while training paused,
-        # and then every eval job's record is a reuse of that one
-        played = [r for r in records if not r["reused"]] or records[:1]
-        assert len(played) == 1, [r["evaluated_for"] for r in records]
         assert len({r["evaluation_key"] for r in records}) == 1
+        # Played once: the store holds the one play (an eval job's, or, stop at target, the
+        # judge's while training paused); at most one run's record is that play, every other a
+        # reuse of it with its episodes.
+        played = json.loads((store / f"{records[0]['evaluation_key']}.json").read_text())
+        not_reused = [r for r in records if not r["reused"]]
+        assert len(not_reused) <= 1, [r["evaluated_for"] for r in not_reused]
         for record in records:
-            assert record["evaluated_for"] == played[0]["evaluated_for"]
-            assert record["episode_records"] == played[0]["episode_records"]
-            assert record["wall_s"] == played[0]["wall_s"]  # what evaluating it costs, once
+            assert record["evaluated_for"] == played["evaluated_for"]
+            assert record["episode_records"] == played["episode_records"]
+            assert record["wall_s"] == played["wall_s"]  # what evaluating it costs, once
     # The starting model is the first checkpoint of all five runs (the A/B's two, the controls'
     # three): one evaluation, four reused.
     (model,) = starting

@@ -39,6 +39,37 @@ def test_freeze_writes_every_receipt_and_verify_passes(frozen):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_snakemake_verify_checks_again_after_a_tamper_that_follows_a_first_verify(frozen):
+    # The reviewer's command: a first verify passes; one byte flipped after it must fail the
+    # second (a verify with a product of its own said "Nothing to be done" and exited 0).
+    first = frozen.snakemake("verify")
+    assert first.returncode == 0, first.stderr[-2000:]
+    heldout = frozen.root / RESULTS / "tasks" / "heldout.jsonl"
+    data = bytearray(heldout.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    heldout.write_bytes(bytes(data))
+    second = frozen.snakemake("verify")
+    assert second.returncode != 0, second.stdout[-2000:] + second.stderr[-2000:]
+    said = (second.stdout + second.stderr).split()
+    assert said[said.index((RESULTS / "tasks" / "heldout.jsonl").as_posix()) - 1] == "MISMATCH"
+
+
+def test_an_edit_to_the_analysis_after_the_freeze_is_named_by_verify_and_refused_by_the_next_run(
+    frozen,
+):
+    # The judge that stops a run at its target decides the answer: frozen with the rest.
+    judge = frozen.root / "analysis" / "stop_at_target.py"
+    judge.write_text(judge.read_text().replace('"target_confirmed"', '"target_reached"', 1))
+    code, failed = verify(frozen)
+    assert code == 1 and failed == [
+        line for line in failed if line.split()[:2] == ["MISMATCH", "analysis/stop_at_target.py"]
+    ], failed
+    result = frozen.snakemake("--dry-run")
+    assert result.returncode != 0
+    assert f"code changed since experiment '{EXP}' was frozen" in result.stderr
+    assert "analysis/stop_at_target.py" in result.stderr
+
+
 def test_receipts_record_what_was_frozen(frozen):
     prereg = read_receipt(frozen.root / RECEIPTS / "preregistration.json")
     assert prereg["subject"][0]["name"] == "preregistration/target.yaml"
@@ -55,7 +86,9 @@ def test_receipts_record_what_was_frozen(frozen):
         "chat_template.jinja",
     }
     code = read_receipt(frozen.root / RECEIPTS / "code.json")["predicate"]
-    assert {"trainer", "reward", "envs"} <= set(code["groups"])
+    assert set(code["groups"]) == {"trainer", "reward", "envs", "eval", "analysis", "pipeline"}
+    assert "analysis/stop_at_target.py" in code["groups"]["analysis"]["files"]
+    assert "uncommitted" in code["source"]  # None here: the copy is not a git checkout
     for receipt in ("split.json", "code.json", "model.json"):
         depends = read_receipt(frozen.root / RECEIPTS / receipt)["predicate"]["depends_on"]
         assert [d["name"] for d in depends] == [(RECEIPTS / "preregistration.json").as_posix()]
@@ -79,8 +112,6 @@ def test_edited_target_is_refused_and_nothing_is_refrozen(frozen):
         "preregistration/target.yaml",
         "--receipts",
         (RECEIPTS / "preregistration.json").as_posix(),
-        "--groups",
-        '{"trainer": ["trainer/*.py"]}',
         "--receipt",
         "code.json",
     )

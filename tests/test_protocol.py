@@ -61,6 +61,28 @@ def test_verification_reads_like_the_wire_object():
     assert bad.reward is None and bad.failed_gates == ("screen_not_blank",)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("valid", "false"),  # a string's truth would make it valid
+        ("valid", 1),
+        ("score", "1"),
+        ("score", True),
+        ("verdict", ["valid"]),
+        ("failed_gates", "screen_not_blank"),
+        ("failed_gates", [1]),
+        ("audit", "trusted"),
+    ],
+)
+def test_an_answer_of_the_wrong_types_is_an_invalid_episode_by_name(field, value):
+    answer = {"score": 1.0, "valid": True, "verdict": "valid", "failed_gates": [], "audit": {}}
+    assert Verification.from_dict(answer).reward == 1.0  # the same answer, well typed
+    read = Verification.from_dict({**answer, field: value})
+    assert read.reward is None and not read.valid
+    assert read.failed_gates == ("host_answer",) and read.verdict == "env_failure"
+    assert read.audit["host_answer_types"] == [field]
+
+
 def test_observation_validity_follows_its_verdict():
     Observation(3, None, False, "timeout", ("step_timeout",))
     with pytest.raises(ValueError):

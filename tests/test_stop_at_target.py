@@ -158,5 +158,7 @@ def test_the_workflows_evaluations_are_the_judges(stopped):
         evaluation = json.loads((stopped.run / "eval" / f"{name}.json").read_text())
         assert evaluation["reused"], name  # played once, by the judge, while training paused
         assert evaluation["evaluated_for"].endswith(f"drums/seed1/{name}")
-    outcome = (stopped.run.parent.parent / "outcome.md").read_text()
+    # the selection's answer (arm=drums), under its own name
+    outcome = stopped.run.parent.parent / "selections" / "arm-drums" / "outcome.md"
+    outcome = outcome.read_text()
     assert "**Stopping.** Registered" in outcome and "target_reached" in outcome

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import socket
 import threading
 import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +22,7 @@ import pytest
 from envab.envs.host import files as host_files
 from envab.envs.host.pool import _Access
 from envab.envs.tasks import osworld
+from envab.envs.tasks.fetch import private_host
 from envab.envs.tasks.filestore import FileNotFrozen, FrozenFiles
 from envab.envs.xdesktop import server
 from envab.envs.xdesktop.evaluate import Relay, blockers
@@ -412,3 +414,26 @@ def test_the_workflow_freezes_the_files_and_the_split_receipt_covers_their_map(w
     report = next(s for s in receipt["subject"] if s["name"].endswith("tasks/index.json"))
     assert report["digest"]["sha256"] == sha((tasks / "index.json").read_bytes())
     assert json.loads((tasks / "index.json").read_text())["files"] == mapped["files"]
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::ffff:127.0.0.1",  # IPv4-mapped
+        "64:ff9b::7f00:1",  # NAT64's well-known prefix over 127.0.0.1
+        "64:ff9b::a00:1",  # ... over 10.0.0.1
+        "2002:c0a8:101::1",  # 6to4 over 192.168.1.1
+        "2002:7f00:1::1",  # 6to4 over 127.0.0.1
+    ],
+)
+def test_private_addresses_in_ipv6_forms_are_private(monkeypatch, address):
+    # A name that resolves only to such a form reaches a private host: refused as one.
+    answer = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, 0, 0, 0))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
+    assert "not a public address" in (private_host("http://files.example/a.xlsx") or "")
+
+
+def test_a_public_address_in_ipv6_forms_is_public(monkeypatch):
+    answer = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("64:ff9b::808:808", 0, 0, 0))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
+    assert private_host("http://files.example/a.xlsx") is None

@@ -422,9 +422,9 @@ class Accounting(TrainerCallback):
         with self.run.ledger.paused(), self.run.times.span("judging"):
             reason = self.judge(self.last_saved)
         verdict = self.judge.verdicts[-1]
-        if verdict["decision"] == "failed":
+        if verdict["decision"] in ("failed", "timeout"):
             self.console.say(
-                f"stop at target: the judge failed at {self.last_saved} (exit "
+                f"stop at target: the judge {verdict['decision']} at {self.last_saved} (exit "
                 f"{verdict['exit']}; its log: {self.judge.settings['log']}): going on to the budget"
             )
         else:
@@ -612,6 +612,8 @@ def stop_judge(inputs: RunInputs, args, outputs: Outputs, journal: Journal) -> S
         # makes that cheap) rather than trust a verdict on a checkpoint it rolled back
         judged=Path(tempfile.mkdtemp(prefix="judge-", dir=journal.dir)),
         cores=args.cores,
+        # three times the run's own wall-clock budget: a judge past that is hung
+        timeout_s=3 * inputs.prereg.budget_for(inputs.arm).max_wall_clock_s,
     )
 
 
@@ -954,9 +956,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stop-at-target",
         type=json.loads,
-        help="JSON: how the stop-at-target judge evaluates checkpoints (heldout, backend,"
-        " confirm_backend, store, log; rules/common.smk), where the pre-registration registers"
-        " budget.stop_at_target for this run",
+        help="JSON: how the stop-at-target judge evaluates checkpoints (backend, confirm_backend,"
+        " store, log; rules/common.smk: no held-out path, the judge finds it by the split"
+        " receipt), where the pre-registration registers budget.stop_at_target for this run",
     )
     parser.add_argument(
         "--cores", type=int, default=1, help="the job's cores: the judge's evaluations' processes"

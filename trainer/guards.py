@@ -35,14 +35,9 @@ def check_code(receipts: Receipts, root: str | Path = ".") -> None:
     """Re-expand the frozen glob patterns: an edited, removed or added file is refused."""
     predicate = read_receipt(receipts["code.json"])["predicate"]
     try:
-        now = codepins.pin_groups(predicate["patterns"], root)
+        changed = codepins.changed_since(predicate, root)
     except FileNotFoundError as e:
         raise GuardError(f"frozen code is missing: {e}") from None
-    frozen, current = predicate["groups"], {}
-    for group in frozen:
-        current.update(now[group]["files"])
-    before = {p: d for g in frozen.values() for p, d in g["files"].items()}
-    changed = sorted(p for p in before.keys() | current.keys() if before.get(p) != current.get(p))
     if changed:
         raise GuardError(
             f"code changed since the experiment was frozen: {', '.join(changed[:5])}; "

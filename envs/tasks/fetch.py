@@ -86,9 +86,25 @@ def private_host(url: str) -> str | None:
         raise Unfetchable("file:missing", f"not fetched: {host!r} does not resolve ({e})") from None
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
-        if not address.is_global or address.is_multicast:
-            return f"{host!r} resolves to {address}, not a public address"
+        for seen in (address, *embedded_ipv4(address)):
+            if not seen.is_global or seen.is_multicast:
+                return f"{host!r} resolves to {address}, not a public address"
     return None
+
+
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052's well-known prefix
+
+
+def embedded_ipv4(address) -> list:
+    """The IPv4 addresses an IPv6 address carries (IPv4-mapped, 6to4, Teredo's server and
+    client, NAT64's well-known prefix): a private one there reaches a private host too. Python
+    3.11 judges such forms by the IPv6 address alone, and calls some of them global."""
+    if address.version != 6:
+        return []
+    carried = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+    if address in NAT64:
+        carried.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return [a for a in carried if a is not None]
 
 
 class FileChanged(TaskSourceError):
