@@ -24,6 +24,7 @@ from pathlib import Path
 from statsmodels.stats.multitest import multipletests
 
 from envab import preregistration
+from envab.analysis import speed
 from envab.analysis.crossing import null_statement
 from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import convergence_ratio, curve_equivalence
@@ -42,7 +43,7 @@ from envab.analysis.survival import (
 )
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
-from envab.io import atomic_write_json, atomic_write_text
+from envab.io import atomic_write_json, atomic_write_text, read_jsonl
 from envab.machine import describe
 from envab.preregistration import Preregistration, PrimaryEndpoint
 from envab.receipts import subject, write_receipt
@@ -97,6 +98,8 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         "arm": run.arm,
         "seed": run.seed,
         **result,
+        "warm_start_rate": warm_start_rate(run),
+        "clocks": clocks(run.final, prereg.prices.host(run.arm)),
         "heldout_classes": _classes(run.evaluations.get(at)),
         "load": _measured_load(run.final.get("load"), prereg.prices.host(run.arm)),
         "stop_reason": run.final.get("stop_reason"),
@@ -110,6 +113,44 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         "confirmation": _confirmation(run.confirmation),
         # secondary, descriptive: same task, same actions, same reward? (a flaky verifier shows)
         "reward_consistency": consistency(run.trajectories),
+    }
+
+
+def warm_start_rate(run: RunRecords) -> float | None:
+    """The held-out success of the run's starting checkpoint (valid 0), None if not scored."""
+    for checkpoint in run.checkpoints:
+        evaluation = run.evaluations.get(checkpoint["checkpoint"])
+        if checkpoint["valid_trajectories"] == 0 and evaluation and evaluation.get("scored"):
+            outcomes = [o for episodes in evaluation["tasks"].values() for o in episodes]
+            return sum(outcomes) / len(outcomes) if outcomes else None
+    return None
+
+
+def clocks(final: dict, host_usd_per_hour: float) -> dict:
+    """The run's three clocks: the training loop (from its first step); the environments'
+    provisioning plus training (the arm opened to the arm closed, the judging's pauses left out);
+    and everything to the run's stop, the judging included. Host cost is charged over the pauses
+    too: the host is held while the judge plays."""
+    loop = final.get("wall_clock_s")
+    held = (final.get("load") or {}).get("wall_s")
+    paused = final.get("paused_s") or 0.0
+    return {
+        "training_loop_s": loop,
+        "provisioned_s": held - paused if held is not None else None,
+        "with_judging_s": held,
+        "host_usd_held": host_usd_per_hour * held / 3600 if held is not None else None,
+    }
+
+
+def warm_start(rows: list[dict], threshold: float) -> dict:
+    """The registered rule for a target that needs learning: where a run's warm start already
+    meets the threshold on the held-out tasks, time to target measures no learning and the
+    outcome says "uninformative"."""
+    rates = [r["warm_start_rate"] for r in rows if r["warm_start_rate"] is not None]
+    return {
+        "rates": rates,
+        "threshold": threshold,
+        "uninformative": any(rate >= threshold for rate in rates),
     }
 
 
@@ -357,7 +398,11 @@ def _historical(prereg) -> str:
     return text
 
 
-def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
+def compute_outcome(
+    runs: list[RunRecords], prereg: Preregistration, timing: list[dict] | None = None
+) -> dict:
+    """The outcome of `runs`; with the registered timing blocks' executions (`timing`), the
+    speed section, and the primary endpoint from it where the registration says so."""
     if not runs:
         raise ValueError("no runs to analyse")
     comparable = check_comparable(runs)
@@ -385,8 +430,20 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
     across = {(b, c): _across_seeds(rows, b, c, prereg) for b, c in pairs}
     tests = {(b, c): _tests(rows, b, c, prereg) for b, c in pairs}
     confirmation = getattr(prereg, "confirmation", None)
+    measured = (
+        speed.section(timing, pairs, primary.alpha, primary.smallest_effect)
+        if timing is not None
+        else None
+    )
+    if primary.endpoint == "seconds_per_valid_trajectory":
+        if measured is None:
+            raise ValueError("the primary endpoint is measured in timing blocks: give --timing")
+        primaries = [speed.primary(pair) for pair in measured["pairs"]]
+    else:
+        primaries = [_primary(tests[b, c], across[b, c], b, c, primary) for b, c in pairs]
     return {
-        "primary": [_primary(tests[b, c], across[b, c], b, c, primary) for b, c in pairs],
+        "primary": primaries,
+        "speed": measured,
         "secondary": _secondary(tests, primary),
         "confirmation_null": (
             null_statement(
@@ -417,6 +474,7 @@ def compute_outcome(runs: list[RunRecords], prereg: Preregistration) -> dict:
         if prereg.equivalence
         else None,
         "runs": rows,
+        "warm_start": warm_start(rows, prereg.threshold),
         "arms": {a: _arm_summary([r for r in rows if r["arm"] == a]) for a in arms},
         "across_seeds": [{"candidate": c, "baseline": b, **across[b, c]} for b, c in pairs],
         "inputs": {p: d for run in runs for p, d in run.inputs.items()},
@@ -554,12 +612,19 @@ def _confirmation_text(c: dict | None) -> str:
 
 def _primary_line(p: dict) -> str:
     pair = f"{p['candidate']} vs {p['baseline']}"
-    what = (
-        f"paired time ratio {p['candidate']}/{p['baseline']} (wall-clock, two-sided paired "
-        f"t-test on the log ratio, alpha {p['alpha']:g})"
-        if p["endpoint"].startswith("paired_time_ratio")
-        else f"log-rank test of wall-clock time to target (alpha {p['alpha']:g})"
-    )
+    if p["endpoint"].startswith("seconds_per_valid_trajectory"):
+        what = (
+            f"seconds per valid trajectory {p['candidate']}/{p['baseline']} in "
+            f"{p['blocks']} timing blocks (training loop, two-sided t-test on the blocks' log "
+            f"ratios, alpha {p['alpha']:g}; smallest effect of interest {p['smallest_effect']:g})"
+        )
+    elif p["endpoint"].startswith("paired_time_ratio"):
+        what = (
+            f"paired time ratio {p['candidate']}/{p['baseline']} (wall-clock, two-sided paired "
+            f"t-test on the log ratio, alpha {p['alpha']:g})"
+        )
+    else:
+        what = f"log-rank test of wall-clock time to target (alpha {p['alpha']:g})"
     line = f"- **{pair}: {p['verdict']}.** {what}"
     if p.get("p_value") is not None:
         line += f": p = {p['p_value']:.3g}"
@@ -616,6 +681,45 @@ def _consistency_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _clock_lines(rows: list[dict]) -> list[str]:
+    """Each run's three clocks, and each arm's total on each against the first arm's."""
+    lines = [
+        "## Three clocks",
+        "",
+        "What each run spent: the training loop (what `wall-clock` below counts); the "
+        "environments' provisioning plus training (the arm opened to the arm closed, the "
+        "judging's pauses left out); and everything to the stop, the judging included, with the "
+        "host's cost over all of it (it is held while the judge plays).",
+        "",
+        "| arm | seed | training loop s | provisioning + training s | with judging s "
+        "| host cost held |",
+        "|---|---|---|---|---|---|",
+    ]
+    totals: dict[str, list[float]] = {}
+    for r in rows:
+        c = r.get("clocks") or {}
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {_fmt(c.get('training_loop_s'))} | "
+            f"{_fmt(c.get('provisioned_s'))} | {_fmt(c.get('with_judging_s'))} | "
+            f"{_fmt(c.get('host_usd_held'), digits=4)} |"
+        )
+        keys = ("training_loop_s", "provisioned_s", "with_judging_s")
+        if all(c.get(k) is not None for k in keys):
+            sums = totals.setdefault(r["arm"], [0.0, 0.0, 0.0])
+            for i, k in enumerate(keys):
+                sums[i] += c[k]
+    arms = list(totals)
+    if len(arms) > 1:
+        base = totals[arms[0]]
+        for arm in arms[1:]:
+            ratios = ", ".join(
+                f"{name} {totals[arm][i] / base[i]:.3g}" if base[i] else f"{name} –"
+                for i, name in enumerate(("loop", "provisioned", "with judging"))
+            )
+            lines += ["", f"Summed over seeds, {arm}/{arms[0]}: {ratios}."]
+    return lines
+
+
 def render_markdown(outcome: dict) -> str:
     t = outcome["target"]
     lines = [
@@ -627,6 +731,21 @@ def render_markdown(outcome: dict) -> str:
         f"`{_rule_text(outcome['crossing_rule'])}`.",
         "",
     ]
+    start = outcome.get("warm_start")
+    if start and start["rates"]:
+        low, high = min(start["rates"]), max(start["rates"])
+        span = f"{low:.3f}" if low == high else f"{low:.3f} to {high:.3f}"
+        lines += [
+            (
+                f"**Uninformative: the warm start already meets the target.** Its held-out "
+                f"success is {span} against the bar of {start['threshold']}: time to target "
+                "measures no learning here (the speed endpoint, where registered, still holds)."
+            )
+            if start["uninformative"]
+            else f"**Warm start.** Held-out success {span}, below the bar of "
+            f"{start['threshold']}: reaching the target takes learning.",
+            "",
+        ]
     if outcome.get("confirmation_null"):
         lines += [
             f"**Confirmation.** Each accepted crossing is evaluated again on fresh episodes, "
@@ -644,8 +763,10 @@ def render_markdown(outcome: dict) -> str:
         ]
     lines += ["## Primary endpoint (pre-registered)", ""]
     lines += [_primary_line(p) for p in outcome.get("primary", [])] or ["- one arm: –"]
+    lines.append("")
+    if outcome.get("speed"):
+        lines += speed.lines(outcome["speed"])
     lines += [
-        "",
         "## Did the arms see the same training data? (exact divergence)",
         "",
     ]
@@ -684,6 +805,7 @@ def render_markdown(outcome: dict) -> str:
         lines.append(f"- {pair}: {verdict} ({check['historical']}).{detail}")
     if not outcome["coincidence"]:
         lines.append("- one arm: –")
+    lines += ["", *_clock_lines(outcome["runs"])]
     lines += [
         "",
         "## Time to target",
@@ -783,6 +905,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--curves-valid", type=Path, required=True, help="a PNG to write")
     parser.add_argument("--curves-wallclock", type=Path, required=True, help="a PNG to write")
     parser.add_argument("--receipt", type=Path, required=True, help="receipts/<exp>/outcome.json")
+    parser.add_argument(
+        "--timing",
+        type=Path,
+        help="the timing blocks' executions (trainer/timing.py), where target.yaml registers them",
+    )
     args = parser.parse_args(argv)
     for files in args.runs:
         if len(files) < 3:
@@ -819,7 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prereg, receipts = preregistration.frozen_inputs(args)
         runs = [load_run(files) for files in args.runs]
-        outcome = compute_outcome(runs, prereg)
+        timing = list(read_jsonl(args.timing)) if args.timing else None
+        outcome = compute_outcome(runs, prereg, timing)
     # A record that is not JSON is a ValueError too.
     except (Refusal, FileNotFoundError, ValueError) as e:
         return refused(e)
@@ -834,7 +962,8 @@ def main(argv: list[str] | None = None) -> int:
         "outcome",
         subjects=[subject(args.outcome_json), subject(args.outcome_md)]
         + [subject(f) for f in figures]
-        + [subject(p, d) for p, d in sorted(outcome["inputs"].items())],
+        + [subject(p, d) for p, d in sorted(outcome["inputs"].items())]
+        + ([subject(args.timing)] if args.timing else []),
         predicate={
             "experiment_id": outcome["experiment_id"],
             "divergence": {

@@ -342,18 +342,24 @@ def paired_t(
     arm_a: Sequence[SeedTime], arm_b: Sequence[SeedTime], budget: float, confidence: float = 0.95
 ) -> dict:
     """Two-sided one-sample t-test (scipy) of mean log(time_b / time_a) = 0 over shared seeds,
-    each never-reached seed entered at the budget (as paired_log_ratio), with its t interval on
-    the ratio. The analysis `seeds_needed` sizes. Keys: test, pairs, p_value, statistic,
-    mean_log_ratio, ratio, interval_ratio, reason (why no p-value)."""
+    with its t interval on the ratio. A seed where one arm never reached is entered at the budget
+    for that arm (as paired_log_ratio: a bound); a seed where neither reached says nothing about
+    speed and is left out, counted in `both_censored`: entered as a ratio of 1 it would read a
+    learning failure as "no speed difference". The analysis `seeds_needed` sizes. Keys: test,
+    pairs, both_censored, p_value, statistic, mean_log_ratio, ratio, interval_ratio, reason (why
+    no p-value)."""
     by_b = {r.seed: r for r in arm_b}
+    shared = [(r, by_b[r.seed]) for r in arm_a if r.seed in by_b]
+    informative = [
+        (a, b) for a, b in shared if at_budget(a, budget).reached or at_budget(b, budget).reached
+    ]
     logs = [
-        math.log(_entered(by_b[r.seed], budget)[0]) - math.log(_entered(r, budget)[0])
-        for r in arm_a
-        if r.seed in by_b
+        math.log(_entered(b, budget)[0]) - math.log(_entered(a, budget)[0]) for a, b in informative
     ]
     result: dict = {
         "test": "paired t-test on log time ratio",
         "pairs": len(logs),
+        "both_censored": len(shared) - len(informative),
         "p_value": None,
         "statistic": None,
         "mean_log_ratio": float(np.mean(logs)) if logs else None,

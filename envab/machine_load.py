@@ -17,7 +17,7 @@ from pathlib import Path
 PROC_STAT = Path("/proc/stat")
 
 
-def _cpu_ticks() -> list[int] | None:
+def cpu_ticks() -> list[int] | None:
     """The machine's aggregate CPU ticks (user nice system idle iowait irq softirq steal ...)."""
     try:
         first = PROC_STAT.read_text().splitlines()[0].split()
@@ -26,24 +26,29 @@ def _cpu_ticks() -> list[int] | None:
     return [int(x) for x in first[1:]] if first and first[0] == "cpu" else None
 
 
-def _cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of its children that have finished."""
+def _cpu_seconds() -> tuple[float, float]:
+    """User and system CPU seconds of this process, and of its children that have finished."""
     own, children = (
         resource.getrusage(resource.RUSAGE_SELF),
         resource.getrusage(resource.RUSAGE_CHILDREN),
     )
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 @dataclass(frozen=True)
 class Snapshot:
     monotonic: float
-    cpu_s: float
+    own_cpu_s: float
+    children_cpu_s: float
     ticks: list[int] | None
+
+    @property
+    def cpu_s(self) -> float:
+        return self.own_cpu_s + self.children_cpu_s
 
     @classmethod
     def now(cls) -> Snapshot:
-        return cls(time.monotonic(), _cpu_seconds(), _cpu_ticks())
+        return cls(time.monotonic(), *_cpu_seconds(), cpu_ticks())
 
 
 def since(start: Snapshot) -> dict:
@@ -55,6 +60,10 @@ def since(start: Snapshot) -> dict:
     record = {
         "wall_s": wall,
         "cpu_s": cpu,
+        # the job's own process, and its finished children (an arm's host, sandboxes and VMs,
+        # a judge): a training run's environment CPU time, where its processes are its children
+        "own_cpu_s": end.own_cpu_s - start.own_cpu_s,
+        "children_cpu_s": end.children_cpu_s - start.children_cpu_s,
         "cpu_hours": cpu / 3600,
         "cores": cores,
         "cpu_utilisation": cpu / (wall * cores) if wall > 0 else None,

@@ -171,8 +171,28 @@ class PrimaryEndpoint:
     """The one comparison the outcome leads with (analysis/outcome.py); every other p-value is
     secondary, Holm-adjusted over its family."""
 
-    endpoint: str  # paired_time_ratio | logrank
+    endpoint: str  # paired_time_ratio | logrank | seconds_per_valid_trajectory
     alpha: float
+    # seconds_per_valid_trajectory: the ratio (candidate / baseline) below which a speed-up
+    # matters (a handicap control is sized to it); None for the time-to-target endpoints
+    smallest_effect: float | None = None
+
+
+@dataclass(frozen=True)
+class TimingRule:
+    """How speed is measured (analysis/blocks.py, trainer/timing.py): blocks in which every arm
+    replays the same training seed for the same window of valid trajectories back to back, in an
+    order drawn from `order_seed` (ABBA at least), so that load that lasts minutes lands on
+    both arms of a block; a block whose window had more load from outside the run than
+    `max_outside_load` (a fraction of the machine's CPU time) or more steal than `max_steal` is
+    run again, up to `max_reruns` times, and every execution is reported."""
+
+    blocks: int
+    order_seed: int
+    window_valid_trajectories: int
+    max_outside_load: float
+    max_steal: float
+    max_reruns: int
 
 
 #: What each control's `expect` needs of its settings (envs/controls.py).
@@ -256,6 +276,7 @@ class Preregistration:
     # (analysis/controls.py)
     determinism: str = "expected"
     control_seeds: tuple[int, ...] | None = None  # None: every seed
+    timing: TimingRule | None = None  # None: speed is read from the A/B runs' own clocks
 
     @property
     def threshold(self) -> float:
@@ -301,6 +322,7 @@ class Preregistration:
             primary=PrimaryEndpoint(**data["primary_endpoint"]),
             determinism=data["determinism"],
             control_seeds=tuple(data["control_seeds"]) if "control_seeds" in data else None,
+            timing=TimingRule(**data["timing"]) if "timing" in data else None,
         )
         prereg._cross_check(path)
         prereg._check_controls(path)
@@ -323,6 +345,16 @@ class Preregistration:
             raise ConfigError(f"{path}: target.crossing: {e}") from None
         # The schema keeps margin_fraction below 1, so the margin is narrower than the gain the
         # target asks for, provided the target asks for a gain at all.
+        if (self.primary.endpoint == "seconds_per_valid_trajectory") != (self.timing is not None):
+            raise ConfigError(
+                f"{path}: primary_endpoint: seconds_per_valid_trajectory is measured in the "
+                "registered timing blocks: register both, or neither"
+            )
+        if self.timing and self.primary.smallest_effect is None:
+            raise ConfigError(
+                f"{path}: primary_endpoint.smallest_effect: the speed endpoint needs the smallest "
+                "ratio that matters (a handicap control is sized to it)"
+            )
         if self.equivalence and self.equivalence.reference_start >= self.threshold:
             raise ConfigError(
                 f"{path}: equivalence.reference_start: {self.equivalence.reference_start} is not "

@@ -27,6 +27,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,11 +46,14 @@ if TYPE_CHECKING:
 
 
 NO_ANCHOR = "NO ANCHOR"  # a freeze from before anchors, none beside its target: not checked
+# A subject this process must not open (the held-out split, in a training process): its digest is
+# checked by the jobs that may read it (the judge, evaluation, `verify` itself).
+NOT_READ = "NOT READ"
 
 
 @dataclass(frozen=True)
 class Check:
-    status: str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED | NO ANCHOR
+    status: str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED | NO ANCHOR | NOT READ
     path: str
     receipt: str  # for a required receipt: the file that requires it
     role: str  # subject | depends_on | receipt | signature | checkpoint file | anchor | required
@@ -61,7 +65,7 @@ class Check:
 
     @property
     def failed(self) -> bool:
-        return self.status not in ("ok", NOT_SHIPPED_STATUS, NO_ANCHOR)
+        return self.status not in ("ok", NOT_SHIPPED_STATUS, NO_ANCHOR, NOT_READ)
 
     def line(self) -> str:
         if self.role == "receipt":
@@ -159,12 +163,18 @@ def verify_dir(receipts: str | Path, root: str | Path = ".", public_key=None) ->
 
 
 def verify_receipts(
-    files: list[Path], root: str | Path = ".", workers: int | None = None, public_key=None
+    files: list[Path],
+    root: str | Path = ".",
+    workers: int | None = None,
+    public_key=None,
+    unread: Callable[[str], bool] | None = None,
 ) -> list[Check]:
     """Every check for each receipt file in `files`. Every file the receipts (and the
     checkpoints.jsonl among their subjects) name is hashed first, once, in parallel; the checks
-    then read the digests in the receipts' order."""
+    then read the digests in the receipts' order. A subject whose name `unread` accepts is
+    never opened: it is listed NOT READ (the held-out split, where a training process checks)."""
     root = Path(root)
+    unread = unread or (lambda name: False)
     statements: list[tuple[str, dict | None]] = []
     for file in files:
         name = Path(file).as_posix()
@@ -178,7 +188,9 @@ def verify_receipts(
         for _, statement in statements
         if isinstance(statement, dict)
         for entry in _entries(statement)
-        if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+        if isinstance(entry, dict)
+        and isinstance(entry.get("name"), str)
+        and not unread(entry["name"])
     ]
     digests.prefetch(named)
     listed = [
@@ -212,6 +224,9 @@ def verify_receipts(
         if anchored is not None:
             checks.append(anchored)
         for subject_entry in subjects:
+            if isinstance(subject_entry, dict) and unread(str(subject_entry.get("name"))):
+                checks.append(Check(NOT_READ, str(subject_entry["name"]), name, "subject"))
+                continue
             check = _check_digest(subject_entry, root, name, "subject", digests)
             checks.append(check)
             if check.ok and Path(check.path).name == "checkpoints.jsonl":

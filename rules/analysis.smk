@@ -8,6 +8,7 @@ rule outcome:
         # What the outcome receipt builds on: the freeze, and the warm start if there is one.
         receipts=training_receipts(),
         runs=all_run_records,
+        timing=[TIMING] if TIMING else [],
     output:
         json=f"{ANSWER}/outcome.json",
         md=report(f"{ANSWER}/outcome.md", caption="../report/outcome.rst", category="Outcome"),
@@ -24,6 +25,7 @@ rule outcome:
         receipt=f"{ANSWER_RECEIPTS}/outcome.json",
     params:
         runs=run_arguments,
+        timing=f"--timing {TIMING}" if TIMING else "",
     conda:
         SOFTWARE
     benchmark:
@@ -32,7 +34,7 @@ rule outcome:
         f"{ANSWER_LOGS}/outcome.log",
     shell:
         "python -m envab.analysis.outcome --target {input.target} --receipts {input.receipts}"
-        " {params.runs}"
+        " {params.runs} {params.timing}"
         " --outcome-json {output.json} --outcome-md {output.md}"
         " --curves-valid {output.curves_valid} --curves-wallclock {output.curves_wallclock}"
         " --receipt {output.receipt} > {log} 2>&1"

@@ -14,6 +14,7 @@ from envab.config import load_config, select, selected_runs, selection_name, sel
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
 from envab.receipts import FREEZE_RECEIPTS
+from envab.analysis.blocks import block_seed
 from envab.run_receipts import training_receipt_name
 from envab.schema import ConfigError
 from envab.trainer.compute import compute_settings, launcher
@@ -218,6 +219,22 @@ def stop_at_target(wildcards):
         "log": f"{LOGS}/train_{wildcards.arm}_seed{wildcards.seed}.judge.log",
     }
     return f"--stop-at-target {as_arg(judge)}"
+
+
+# The registered timing blocks (target.yaml `timing`, trainer/timing.py): measured for the whole
+# registration only; a selection's answer reads the runs alone.
+TIMING = f"{RESULTS}/timing/blocks.jsonl" if PREREG.timing and not SELECTED else None
+
+
+def timing_pins():
+    """The pins of every A/B run a timing block replays (its seed on every arm)."""
+    seeds = sorted({block_seed(PREREG.seeds, k) for k in range(PREREG.timing.blocks)})
+    return [f"{run_dir(arm, seed)}/pins.json" for arm in PREREG.arms for seed in seeds]
+
+
+def timing_guests(wildcards):
+    """Every QEMU arm's guest record: the timing blocks play every arm."""
+    return [f"{RESULTS}/{arm}/guest.json" for arm in QEMU_ARMS]
 
 
 def training_receipts():

@@ -80,3 +80,32 @@ checkpoint train:
         " --receipt {output.receipt} {params.stop}"
         " --host-log {log.host} --cores {threads}"
         " --wandb-dir {params.wandb} --log {log.main}"
+
+
+if TIMING:
+
+    # The speed endpoint's timing blocks: every arm replays a training seed for the registered
+    # window, back to back in the registered order, each window measured with the load beside it
+    # (trainer/timing.py). After the A/B runs' training, whose pins and guests it shares.
+    rule timing:
+        input:
+            target=TARGET,
+            receipts=training_receipts(),
+            pins=timing_pins(),
+            train=f"{RESULTS}/tasks/train.jsonl",
+            guests=timing_guests,
+            model=training_model(),
+        output:
+            TIMING,
+        # The whole machine: nothing of the workflow's beside a timed window.
+        threads: whole_machine()
+        conda:
+            SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/timing.tsv"
+        log:
+            f"{LOGS}/timing.log",
+        shell:
+            "python -m envab.trainer.timing --target {input.target} --receipts {input.receipts}"
+            " --model {input.model} --train {input.train} --pins {input.pins}"
+            " --dir $(dirname {output}) --out {output} --cores {threads} --log {log}"

@@ -14,6 +14,7 @@ from envab.trainer.guards import (
     check_code,
     check_pins,
     check_receipts,
+    held_out,
     heldout_ids,
 )
 
@@ -71,3 +72,16 @@ def test_heldout_ids_never_reach_the_trainer(frozen):
     guard(train[0])
     with pytest.raises(GuardError, match=some_heldout):
         guard(some_heldout)
+
+
+def test_a_training_process_checks_every_receipt_but_never_opens_the_held_out_split(frozen):
+    heldout = frozen.root / "results" / EXP / "tasks" / "heldout.jsonl"
+    heldout.unlink()  # a process that opened it would find it MISSING
+    check_receipts(frozen_receipts(frozen.root), frozen.root, unread=held_out)
+    with pytest.raises(GuardError, match="heldout.jsonl"):
+        check_receipts(frozen_receipts(frozen.root), frozen.root)
+    # the rest is still checked: an edited training split is refused all the same
+    train = frozen.root / "results" / EXP / "tasks" / "train.jsonl"
+    train.write_text(train.read_text() + "\n")
+    with pytest.raises(GuardError, match="train.jsonl"):
+        check_receipts(frozen_receipts(frozen.root), frozen.root, unread=held_out)

@@ -344,3 +344,24 @@ def test_paired_t_matches_scipy_and_needs_two_pairs():
     low, high = ref.confidence_interval(0.95)
     assert ours["interval_ratio"] == pytest.approx([math.exp(low), math.exp(high)])
     assert paired_t(arm(100), arm(50), BUDGET)["p_value"] is None
+
+
+def test_a_seed_neither_arm_reached_is_left_out_of_the_paired_ratio_not_entered_as_one():
+    from envab.analysis.survival import paired_t
+
+    reached = [(s, 100.0 + 7 * s, 50.0 + 3 * s) for s in (1, 2, 3)]
+    a = [SeedTime(s, True, ta) for s, ta, _ in reached]
+    b = [SeedTime(s, True, tb) for s, _, tb in reached]
+    alone = paired_t(a, b, budget=1000.0)
+    # two seeds that never reached on either arm: learning failures, not speed
+    both = paired_t(
+        a + [SeedTime(4, False, 1000.0), SeedTime(5, False, 1000.0)],
+        b + [SeedTime(4, False, 1000.0), SeedTime(5, False, 1000.0)],
+        budget=1000.0,
+    )
+    assert both["pairs"] == 3 and both["both_censored"] == 2
+    assert both["ratio"] == pytest.approx(alone["ratio"])
+    assert both["p_value"] == pytest.approx(alone["p_value"])
+    # one arm reaching where the other did not still counts, at the budget (a bound)
+    one = paired_t(a + [SeedTime(4, True, 300.0)], b + [SeedTime(4, False, 1000.0)], 1000.0)
+    assert one["pairs"] == 4 and one["both_censored"] == 0

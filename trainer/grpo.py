@@ -50,7 +50,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -87,6 +87,7 @@ from envab.trainer.guards import (
     check_pins,
     check_receipts,
     check_split_file,
+    held_out,
     heldout_ids,
 )
 from envab.trainer.model import load_checked
@@ -167,9 +168,16 @@ class RunInputs:
 
 def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     prereg, receipts = preregistration.frozen_inputs(args)
+    if args.timing_window:
+        # A timing block's window (trainer/timing.py): the run's first N valid trajectories,
+        # replayed to be timed beside the other arm's; never judged, never stopped at target.
+        window = replace(
+            prereg.budget, max_valid_trajectories=args.timing_window, stop_at_target=False
+        )
+        prereg = replace(prereg, budget=window)
     if args.receipt:
         signing.check_configured()  # its receipt is signed at the run's end
-    check_receipts(receipts)
+    check_receipts(receipts, unread=held_out)  # never opens the held-out split
     check_code(receipts)
     pins = check_pins(args.pins, receipts)
     if pins["experiment_id"] != prereg.experiment_id:
@@ -962,6 +970,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cores", type=int, default=1, help="the job's cores: the judge's evaluations' processes"
+    )
+    parser.add_argument(
+        "--timing-window",
+        type=int,
+        help="a timing block's window (trainer/timing.py): train to this many valid trajectories,"
+        " never stopped at target, in place of the registered budget",
     )
     parser.add_argument("--host-log", help="where an embedded host writes its log")
     parser.add_argument("--wandb-dir", required=True, help="where the offline wandb run goes")

@@ -24,8 +24,17 @@ class GuardError(Refusal, RuntimeError):
     """A reason to refuse the run; the message is one line."""
 
 
-def check_receipts(receipts: Receipts, root: str | Path = ".") -> None:
-    failed = [c for c in verify_receipts(receipts.paths, root) if not c.ok]
+def held_out(name: str) -> bool:
+    """Whether a receipt's subject is the held-out split, which a training process never opens."""
+    return Path(name).name == "heldout.jsonl"
+
+
+def check_receipts(receipts: Receipts, root: str | Path = ".", unread=None) -> None:
+    """Every digest of the freeze receipts; a training process passes `unread=held_out`: it
+    never opens the held-out split (the judge and the evaluation jobs check it where they read
+    it, and `verify` always)."""
+    checks = verify_receipts(receipts.paths, root, unread=unread)
+    failed = [c for c in checks if c.failed]
     if failed:
         named = ", ".join(f"{c.status} {c.path}" for c in failed[:5])
         raise GuardError(f"the freeze receipts do not verify ({named})")

@@ -48,6 +48,7 @@ from envab.trainer.guards import (
     check_code,
     check_receipts,
     check_split_file,
+    held_out,
     heldout_ids,
 )
 from envab.trainer.model import load_checked
@@ -109,7 +110,7 @@ def demonstrations(
 
 def train(args, console: Console) -> dict:
     _, receipts = preregistration.frozen_inputs(args)
-    check_receipts(receipts)
+    check_receipts(receipts, unread=held_out)  # never opens the held-out split
     check_code(receipts)
     settings = json.loads(args.settings)
     compute = compute_settings(json.loads(args.training))

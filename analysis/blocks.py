@@ -1,0 +1,169 @@
+"""Speed measured in blocks that share the machine's load: the order, the admissibility rule and
+the paired ratio of seconds per valid trajectory (target.yaml `timing`, primary endpoint
+`seconds_per_valid_trajectory`), as pure functions.
+
+Why blocks: the A/B runs go one after another in whatever order the scheduler picks, so a load
+that lasts minutes lands on one arm of a seed and not the other, and their pairing buys nothing.
+In a timing block every arm replays the same training seed for the same window of valid
+trajectories, back to back, in an order drawn from a registered seed: pairs of blocks run ABBA or
+BAAB, so a load that grows or fades through a pair is balanced between the arms. The unit of
+replication is the block; the interval is a t interval over the admissible blocks' log ratios.
+
+Why seconds per valid trajectory: it is the speed the environment infrastructure sets, judged
+apart from learning. A run that never reaches the target has a speed all the same, so a learning
+failure never reads as "no speed difference" (time to target stays the record per run, censored
+where never reached: analysis/time_to_target.py).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from scipy import stats
+
+
+def block_order(arms: Sequence[str], blocks: int, seed: int) -> list[tuple[str, ...]]:
+    """The order the arms run in, block by block: each pair of blocks runs an order drawn from
+    `seed` and then its reverse (ABBA or BAAB with two arms); an odd last block, a drawn order."""
+    rng = random.Random(seed)
+    orders: list[tuple[str, ...]] = []
+    while len(orders) < blocks:
+        first = list(arms)
+        rng.shuffle(first)
+        orders.append(tuple(first))
+        if len(orders) < blocks:
+            orders.append(tuple(reversed(first)))
+    return orders
+
+
+def block_seed(seeds: Sequence[int], block: int) -> int:
+    """The training seed block `block` (from 0) replays."""
+    return seeds[block % len(seeds)]
+
+
+def inadmissible(window: dict, max_outside_load: float, max_steal: float) -> str | None:
+    """Why one arm's timed window does not count (None: it does): more CPU time from outside the
+    run than `max_outside_load` of the machine's, or more steal than `max_steal`, or a run that
+    did not finish its window."""
+    if window.get("exit") != 0:
+        return f"the run exited {window.get('exit')}"
+    if not window.get("valid_trajectories"):
+        return "no valid trajectory in the window"
+    if window["outside_load"] is not None and window["outside_load"] > max_outside_load:
+        return f"outside load {window['outside_load']:.2f} > {max_outside_load:g}"
+    if window["steal_fraction"] is not None and window["steal_fraction"] > max_steal:
+        return f"steal {window['steal_fraction']:.2f} > {max_steal:g}"
+    return None
+
+
+def seconds_per_valid(window: dict, clock: str = "wall_clock_s") -> float:
+    """One window's seconds per valid trajectory on `clock`: wall_clock_s, the training loop;
+    provisioned_s, the environments' provisioning plus training."""
+    return window[clock] / window["valid_trajectories"]
+
+
+def blocked_ratio(
+    log_ratios: Sequence[float], alpha: float, smallest_effect: float | None = None
+) -> dict:
+    """The paired speed ratio over blocks (candidate / baseline), from each block's log ratio:
+    its geometric mean, the (1 - alpha) t interval, the two-sided p of mean 0, and a verdict
+    that also says where the interval lies against the smallest effect of interest."""
+    n = len(log_ratios)
+    record: dict = {"blocks": n, "alpha": alpha, "smallest_effect": smallest_effect}
+    if n < 2:
+        return {**record, "p_value": None, "verdict": "not tested: fewer than two blocks"}
+    mean = sum(log_ratios) / n
+    spread = max(log_ratios) - min(log_ratios)
+    if spread == 0:  # every block the same ratio: no spread to test against
+        low = high = mean
+        p = 0.0 if mean else 1.0
+    else:
+        test = stats.ttest_1samp(log_ratios, 0.0)
+        low, high = test.confidence_interval(1 - alpha)
+        p = float(test.pvalue)
+    record.update(
+        ratio=math.exp(mean),
+        interval=[math.exp(low), math.exp(high)],
+        mean_log_ratio=mean,
+        p_value=p,
+    )
+    record["verdict"] = speed_verdict(record, smallest_effect)
+    return record
+
+
+def speed_verdict(record: dict, smallest_effect: float | None) -> str:
+    """faster / slower where the interval excludes 1, with whether it also lies beyond the
+    smallest effect of interest; otherwise no difference shown (and, where the interval lies
+    inside [smallest_effect, 1 / smallest_effect], equivalent within it)."""
+    low, high = record["interval"]
+    alpha = record["alpha"]
+    if record["p_value"] > alpha or low <= 1 <= high:
+        if smallest_effect and smallest_effect < low and high < 1 / smallest_effect:
+            return f"no difference beyond the smallest effect of interest ({smallest_effect:g})"
+        return f"no difference shown at alpha {alpha:g}"
+    word = "faster" if high < 1 else "slower"
+    if smallest_effect is None:
+        return word
+    beyond = high < smallest_effect if word == "faster" else low > 1 / smallest_effect
+    return (
+        f"{word}, beyond the smallest effect of interest ({smallest_effect:g})"
+        if beyond
+        else f"{word}, not shown beyond the smallest effect of interest ({smallest_effect:g})"
+    )
+
+
+def trimmed(log_ratios: Sequence[float]) -> list[float]:
+    """The sensitivity line's blocks, as MLPerf scores a set of runs: the fastest and the
+    slowest block dropped (needs at least four)."""
+    if len(log_ratios) < 4:
+        return []
+    return sorted(log_ratios)[1:-1]
+
+
+def judge_blocks(
+    executions: Sequence[dict],
+    baseline: str,
+    candidate: str,
+    alpha: float,
+    smallest_effect: float | None,
+    clock: str = "wall_clock_s",
+) -> dict:
+    """The speed endpoint from every execution of every block (trainer/timing.py's records):
+    a block counts by its last execution when that one is admissible on every arm; the others
+    stay listed, never dropped from the table."""
+    last: dict[int, dict] = {}
+    for execution in executions:
+        if (
+            execution["block"] not in last
+            or execution["execution"] > last[execution["block"]]["execution"]
+        ):
+            last[execution["block"]] = execution
+    kept = [b for _, b in sorted(last.items()) if b["admissible"]]
+    logs = [
+        math.log(
+            seconds_per_valid(b["windows"][candidate], clock)
+            / seconds_per_valid(b["windows"][baseline], clock)
+        )
+        for b in kept
+    ]
+    sensitivity = trimmed(logs)
+    return {
+        "baseline": baseline,
+        "candidate": candidate,
+        "clock": clock,
+        "executions": len(executions),
+        "blocks_registered": len(last),
+        "blocks_kept": [b["block"] for b in kept],
+        "log_ratios": logs,
+        **blocked_ratio(logs, alpha, smallest_effect),
+        "sensitivity": (
+            {
+                "rule": "fastest and slowest block dropped",
+                **blocked_ratio(sensitivity, alpha, smallest_effect),
+            }
+            if sensitivity
+            else None
+        ),
+    }

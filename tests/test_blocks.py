@@ -1,0 +1,129 @@
+"""The timing blocks' rules (analysis/blocks.py): the registered order, the admissibility rule,
+and the paired speed ratio, each shown flipping on the input that should flip it."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from envab.analysis.blocks import (
+    block_order,
+    blocked_ratio,
+    inadmissible,
+    judge_blocks,
+    trimmed,
+)
+
+
+def test_pairs_of_blocks_run_abba_in_an_order_the_seed_fixes():
+    order = block_order(["qemu", "drums"], 8, seed=7)
+    assert order == block_order(["qemu", "drums"], 8, seed=7)  # registered: reproducible
+    for first, second in zip(order[::2], order[1::2], strict=True):
+        assert second == tuple(reversed(first))  # ABBA or BAAB
+    # over enough seeds both orientations occur: the order is drawn, not fixed
+    firsts = {block_order(["qemu", "drums"], 2, seed=s)[0] for s in range(20)}
+    assert firsts == {("qemu", "drums"), ("drums", "qemu")}
+    assert len(block_order(["a", "b"], 5, seed=1)) == 5
+
+
+def window(**over) -> dict:
+    return {
+        "exit": 0,
+        "valid_trajectories": 64,
+        "wall_clock_s": 16.0,
+        "provisioned_s": 20.0,
+        "outside_load": 0.02,
+        "steal_fraction": 0.0,
+        **over,
+    }
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({}, None),
+        ({"outside_load": 0.4}, "outside load 0.40 > 0.15"),
+        ({"steal_fraction": 0.2}, "steal 0.20 > 0.05"),
+        ({"exit": 2}, "the run exited 2"),
+        ({"valid_trajectories": 0}, "no valid trajectory in the window"),
+    ],
+)
+def test_a_window_past_the_rule_is_named(over, why):
+    assert inadmissible(window(**over), max_outside_load=0.15, max_steal=0.05) == why
+
+
+def test_a_clear_speedup_is_faster_beyond_the_smallest_effect():
+    logs = [math.log(0.2) + d for d in (-0.05, 0.03, 0.0, 0.04, -0.02, 0.01, -0.03, 0.02)]
+    judged = blocked_ratio(logs, alpha=0.05, smallest_effect=0.8)
+    assert judged["ratio"] == pytest.approx(0.2, rel=0.02)
+    assert judged["interval"][1] < 0.8
+    assert judged["verdict"] == "faster, beyond the smallest effect of interest (0.8)"
+
+
+def test_a_small_speedup_is_faster_but_not_beyond_the_smallest_effect():
+    logs = [math.log(0.9) + d for d in (-0.01, 0.01, 0.0, 0.005, -0.005, 0.002, -0.002, 0.0)]
+    judged = blocked_ratio(logs, alpha=0.05, smallest_effect=0.8)
+    assert judged["verdict"] == "faster, not shown beyond the smallest effect of interest (0.8)"
+
+
+def test_no_difference_is_said_and_equivalence_where_the_interval_is_narrow():
+    rng = random.Random(3)
+    noisy = [rng.gauss(0, 0.5) for _ in range(8)]
+    assert blocked_ratio(noisy, 0.05, 0.8)["verdict"] == "no difference shown at alpha 0.05"
+    tight = [0.01, -0.01, 0.005, -0.005, 0.0, 0.002, -0.002, 0.001]
+    assert (
+        blocked_ratio(tight, 0.05, 0.8)["verdict"]
+        == "no difference beyond the smallest effect of interest (0.8)"
+    )
+
+
+def test_a_slowdown_reads_as_slower():
+    logs = [math.log(1.5) + d for d in (-0.02, 0.02, 0.01, -0.01)]
+    assert (
+        blocked_ratio(logs, 0.05, 0.8)["verdict"]
+        == "slower, beyond the smallest effect of interest (0.8)"
+    )
+
+
+def test_one_block_is_not_tested():
+    assert blocked_ratio([0.1], 0.05, 0.8)["verdict"] == "not tested: fewer than two blocks"
+
+
+def test_the_sensitivity_line_drops_the_fastest_and_slowest_block():
+    assert trimmed([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 3.0, 4.0]
+    assert trimmed([1.0, 2.0, 3.0]) == []
+
+
+def execution(block, run, drums_s, qemu_s, admissible=True):
+    return {
+        "block": block,
+        "execution": run,
+        "admissible": admissible,
+        "windows": {
+            "drums": window(wall_clock_s=drums_s),
+            "qemu": window(wall_clock_s=qemu_s),
+        },
+    }
+
+
+def test_a_block_counts_by_its_last_execution_and_every_execution_is_kept():
+    executions = [
+        execution(0, 0, 4.0, 40.0, admissible=False),  # disturbed: run again
+        execution(0, 1, 4.0, 16.0),
+        execution(1, 0, 4.2, 16.8),
+        execution(2, 0, 3.8, 15.2),
+    ]
+    judged = judge_blocks(executions, "qemu", "drums", 0.05, 0.8)
+    assert judged["executions"] == 4 and judged["blocks_kept"] == [0, 1, 2]
+    assert judged["log_ratios"] == pytest.approx([math.log(0.25)] * 3)
+    # the disturbed execution, had it counted, would have moved block 0 to 0.1
+    assert judged["ratio"] == pytest.approx(0.25)
+
+
+def test_a_block_whose_last_execution_is_inadmissible_does_not_count():
+    executions = [execution(0, 0, 4.0, 16.0), execution(1, 0, 4.0, 40.0, admissible=False)]
+    judged = judge_blocks(executions, "qemu", "drums", 0.05, 0.8)
+    assert judged["blocks_kept"] == [0]
+    assert judged["verdict"] == "not tested: fewer than two blocks"

@@ -1,0 +1,85 @@
+"""The timing blocks through Snakemake (trainer/timing.py, rules/train.smk): a tiny A/B on the
+embedded host, both arms (a restore per rollout against a fork), registered with two blocks
+and the speed endpoint as primary. Every window is a real training process measured from
+outside; the outcome leads with the blocks' ratio and lists every execution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from envab.analysis.blocks import block_order
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory, make_workflow):
+    workflow = make_workflow(tmp_path_factory.mktemp("timing"))
+    workflow.embedded_arms()
+
+    def config(c):
+        c["tasks"]["factory"]["per_family"] = 32
+        c["training"]["sft"].update(steps=2, batch_size=4)
+        c["training"]["grpo"].update(
+            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
+        )
+
+    def target(t):
+        t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8, stop_at_target=False)
+        t["evaluation"].update(checkpoint_interval=4, seeds=[0])
+        t["seeds"] = [1]
+        for key in ("controls", "control_seeds", "confirmation"):
+            t.pop(key, None)
+        t["primary_endpoint"] = {
+            "endpoint": "seconds_per_valid_trajectory",
+            "alpha": 0.05,
+            "smallest_effect": 0.8,
+        }
+        # Outside load: loose, the tests' other workers share the machine.
+        t["timing"] = {
+            "blocks": 2,
+            "order_seed": 5,
+            "window_valid_trajectories": 4,
+            "max_outside_load": 1.0,
+            "max_steal": 1.0,
+            "max_reruns": 0,
+        }
+
+    workflow.edit_config(config)
+    workflow.edit_target(target)
+    result = workflow.snakemake("--cores", "2", timeout=1500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    exp = yaml.safe_load((workflow.root / "preregistration/target.yaml").read_text())
+    workflow.results = workflow.root / "results" / exp["experiment_id"]
+    workflow.console = result.stderr
+    return workflow
+
+
+def test_every_block_ran_both_arms_back_to_back_in_the_registered_order(timed):
+    executions = [json.loads(line) for line in (timed.results / "timing" / "blocks.jsonl").open()]
+    assert [e["block"] for e in executions] == [0, 1]
+    assert [tuple(e["order"]) for e in executions] == block_order(["restore", "drums"], 2, 5)
+    for e in executions:
+        assert e["seed"] == 1
+        for arm, w in e["windows"].items():
+            assert w["exit"] == 0 and w["valid_trajectories"] >= 4, (arm, w)
+            assert 0 < w["wall_clock_s"] <= w["provisioned_s"] < w["process_s"]
+            assert w["tree_cpu_s"] > 0 and w["outside_load"] is not None
+        # bit-deterministic here: both arms of a block did the same work, step for step
+        digests = {w["steps_sha256"] for w in e["windows"].values()}
+        assert len(digests) == 1
+    assert "[timing] block 0 (seed 1" in timed.console
+
+
+def test_the_outcome_leads_with_the_blocks_and_lists_every_execution(timed):
+    outcome = json.loads((timed.results / "outcome.json").read_text())
+    (primary,) = outcome["primary"]
+    assert primary["endpoint"] == "seconds_per_valid_trajectory:wall_clock_s"
+    assert primary["blocks"] == 2 and primary["ratio"] > 0
+    assert len(outcome["speed"]["executions"]) == 2
+    assert set(outcome["speed"]["env_cpu_s_per_valid"]) == {"restore", "drums"}
+    md = (timed.results / "outcome.md").read_text()
+    assert "seconds per valid trajectory drums/restore in 2 timing blocks" in md
+    assert "## Speed: seconds per valid trajectory in timing blocks" in md
+    assert md.count("| yes |") == 2

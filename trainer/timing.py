@@ -1,0 +1,220 @@
+"""The timing blocks of the speed endpoint (target.yaml `timing`; analysis/blocks.py): every arm
+replays the same training seed for the same window of valid trajectories, back to back, in the
+registered order, each window measured with the load beside it.
+
+    python -m envab.trainer.timing --target T --receipts R... --model M --train train.jsonl \
+        --pins results/<exp>/qemu/seed1/pins.json ... --dir results/<exp>/timing \
+        --out results/<exp>/timing/blocks.jsonl [--cores N] [--log L]
+
+Each window is one training process (`python -m envab.trainer.grpo --timing-window N`, the
+trainer the A/B runs use, its pins a copy of the seed's), started from here so that this process
+can measure it from outside: its wall-clock, the CPU time of its whole process tree (wait4), and
+the machine's over the same window (/proc/stat, /proc/pressure/cpu). What the machine did beyond
+the run's own processes is the window's *outside load*; a block where any window's outside load or
+steal passes the registered rule is run again (up to `max_reruns` times). Every execution of
+every block is written to `--out`, kept or not, and the outcome lists them all.
+
+Where training is bit-deterministic (CPU), a window replays exactly the first N valid trajectories
+of its seed's A/B run: the same work on both arms. Where it is not, it is the same work in
+distribution, and the block still puts both arms under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envab import preregistration
+from envab.analysis.blocks import block_order, block_seed, inadmissible
+from envab.errors import Refusal
+from envab.hashing import sha256_file
+from envab.io import atomic_write_text
+from envab.machine_load import cpu_ticks
+from envab.progress import job_console
+
+PSI_CPU = Path("/proc/pressure/cpu")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _psi_some_us() -> int | None:
+    """Microseconds some task waited for a CPU since boot (PSI), or None without PSI."""
+    try:
+        first = PSI_CPU.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return int(first.rsplit("total=", 1)[1])
+
+
+def measured(command: list[str], env: dict, log: Path) -> dict:
+    """Run one window's training process and measure it from outside: its wall-clock, its
+    process tree's CPU seconds, and what the machine did over the same time."""
+    ticks0, psi0, t0 = cpu_ticks(), _psi_some_us(), time.monotonic()
+    with open(log, "a") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - t0
+    ticks1, psi1 = cpu_ticks(), _psi_some_us()
+    tree_cpu = usage.ru_utime + usage.ru_stime
+    cores = os.cpu_count() or 1
+    record = {
+        "exit": process.returncode,
+        "process_s": wall,
+        "tree_cpu_s": tree_cpu,
+        "outside_load": None,
+        "steal_fraction": None,
+        "cpu_pressure_some": (psi1 - psi0) / (wall * 1e6) if None not in (psi0, psi1) else None,
+    }
+    if ticks0 and ticks1:
+        delta = [b - a for a, b in zip(ticks0, ticks1, strict=False)]
+        total = sum(delta[:8])
+        if total > 0:
+            # busy: user nice system irq softirq (idle, iowait and steal are not work done here)
+            busy_s = (delta[0] + delta[1] + delta[2] + delta[5] + delta[6]) / TICKS
+            record["outside_load"] = max(0.0, busy_s - tree_cpu) / (wall * cores)
+            record["steal_fraction"] = delta[7] / total
+    return record
+
+
+def window_record(run_dir: Path, outside: dict) -> dict:
+    """One arm's window: the trainer's own clocks from its run.json, with the outside measure."""
+    record = dict(outside)
+    run_json = run_dir / "run.json"
+    if record["exit"] != 0 or not run_json.is_file():
+        return {**record, "valid_trajectories": 0}
+    run = json.loads(run_json.read_text())
+    load = run.get("load") or {}
+    own = load.get("own_cpu_s")
+    return {
+        **record,
+        "valid_trajectories": run["valid_trajectories"],
+        "invalid_discarded": run["invalid_discarded"],
+        # clock 1: the training loop (from its first step); clock 2: the environments'
+        # provisioning plus training (the arm opened to the arm closed)
+        "wall_clock_s": run["wall_clock_s"],
+        "provisioned_s": load.get("wall_s"),
+        # the environment's CPU time: the run's process tree less the trainer's own process
+        "env_cpu_s": tree_cpu_less(record["tree_cpu_s"], own),
+        # where training is bit-deterministic, the same on every arm of a block: the same work
+        "steps_sha256": sha256_file(run_dir / "steps.jsonl"),
+    }
+
+
+def tree_cpu_less(tree: float, own: float | None) -> float | None:
+    return None if own is None else max(0.0, tree - own)
+
+
+def window_command(args, pins: Path, run_dir: Path, window: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "envab.trainer.grpo",
+        *("--target", args.target, "--receipts", *args.receipts),
+        *("--pins", str(pins), "--model", args.model, "--train", args.train),
+        *("--trajectories", str(run_dir / "trajectories.jsonl")),
+        *("--checkpoint-records", str(run_dir / "checkpoints.jsonl")),
+        *("--checkpoints", str(run_dir / "checkpoints")),
+        *("--run", str(run_dir / "run.json"), "--steps", str(run_dir / "steps.jsonl")),
+        *("--timing-window", str(window), "--cores", str(args.cores)),
+        *("--host-log", str(run_dir / "host.log"), "--wandb-dir", str(run_dir / "wandb")),
+    ]
+
+
+def run_blocks(args, console) -> list[dict]:
+    prereg, _ = preregistration.frozen_inputs(args)
+    rule = prereg.timing
+    if rule is None:
+        raise Refusal(f"{args.target}: no timing blocks are registered (target.yaml: timing)")
+    pins = {
+        (p.parent.parent.name, int(p.parent.name.removeprefix("seed"))): p
+        for p in map(Path, args.pins)
+    }
+    orders = block_order(prereg.arms, rule.blocks, rule.order_seed)
+    env = {**os.environ, "WANDB_MODE": "disabled"}  # a window is timed, not tracked
+    executions = []
+    for block, order in enumerate(orders):
+        seed = block_seed(prereg.seeds, block)
+        for execution in range(rule.max_reruns + 1):
+            folder = Path(args.dir) / f"block{block:02d}-{execution}"
+            shutil.rmtree(folder, ignore_errors=True)  # a rerun of this job starts the block anew
+            windows = {}
+            for position, arm in enumerate(order):
+                run_dir = folder / arm
+                run_dir.mkdir(parents=True)
+                shutil.copy2(pins[(arm, seed)], run_dir / "pins.json")
+                command = window_command(
+                    args, run_dir / "pins.json", run_dir, rule.window_valid_trajectories
+                )
+                outside = measured(command, env, run_dir / "train.log")
+                windows[arm] = {"position": position, **window_record(run_dir, outside)}
+            reasons = {
+                arm: why
+                for arm, w in windows.items()
+                if (why := inadmissible(w, rule.max_outside_load, rule.max_steal))
+            }
+            record = {
+                "block": block,
+                "execution": execution,
+                "seed": seed,
+                "order": list(order),
+                "windows": windows,
+                "admissible": not reasons,
+                "inadmissible": reasons,
+            }
+            executions.append(record)
+            console.say(
+                f"block {block} (seed {seed}, {' then '.join(order)}), execution {execution}: "
+                + ("kept" if not reasons else f"run again: {reasons}")
+                + "; "
+                + ", ".join(
+                    f"{arm} {w['wall_clock_s'] / w['valid_trajectories']:.3f} s/valid"
+                    for arm, w in windows.items()
+                    if w.get("valid_trajectories")
+                )
+            )
+            # The window's records are measured; its checkpoints and journal are not needed.
+            for arm in order:
+                shutil.rmtree(folder / arm / "checkpoints", ignore_errors=True)
+            if not reasons or any(w["exit"] != 0 for w in windows.values()):
+                break
+        if any(w["exit"] != 0 for w in executions[-1]["windows"].values()):
+            raise Refusal(
+                f"block {block}: a window's training failed (its log: {folder}/<arm>/train.log)"
+            )
+    return executions
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m envab.trainer.timing", description=__doc__.split("\n")[0]
+    )
+    preregistration.add_frozen_arguments(parser)
+    parser.add_argument("--model", required=True, help="the model every window starts from")
+    parser.add_argument("--train", required=True, help="the training split (train.jsonl)")
+    parser.add_argument("--pins", nargs="+", required=True, help="each A/B run's pins.json")
+    parser.add_argument("--dir", required=True, help="where each window's run folder goes")
+    parser.add_argument("--out", required=True, help="writes: every execution of every block")
+    parser.add_argument("--cores", type=int, default=1)
+    parser.add_argument("--log", help="the job's log; the console gets a line per block")
+    args = parser.parse_args(argv)
+    console = job_console("timing", args.log, "timing blocks, both arms back to back")
+    try:
+        executions = run_blocks(args, console)
+    except Refusal as e:
+        print(f"error: {e}", file=sys.stderr)
+        console.say(f"error: {e}")
+        return 2
+    atomic_write_text(args.out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in executions))
+    kept = sum(e["admissible"] for e in executions)
+    console.say(f"done: {len(executions)} executions, {kept} kept")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
