@@ -58,6 +58,22 @@ def inadmissible(window: dict, max_outside_load: float, max_steal: float) -> str
     return None
 
 
+def unequal_load(windows: dict[str, dict], max_load_difference: float) -> str | None:
+    """Why a block's arms did not run under the same load (None: they did): their windows'
+    outside loads differ by more than `max_load_difference`. Steady load beside every arm is a
+    condition the block measures under; load that came and went between the arms is not."""
+    loads = {
+        arm: w["outside_load"] for arm, w in windows.items() if w.get("outside_load") is not None
+    }
+    if len(loads) < 2:
+        return None
+    spread = max(loads.values()) - min(loads.values())
+    if spread > max_load_difference:
+        said = ", ".join(f"{arm} {load:.2f}" for arm, load in sorted(loads.items()))
+        return f"outside load differs by {spread:.2f} > {max_load_difference:g} ({said})"
+    return None
+
+
 def seconds_per_valid(window: dict, clock: str = "wall_clock_s") -> float:
     """One window's seconds per valid trajectory on `clock`: wall_clock_s, the training loop;
     provisioned_s, the environments' provisioning plus training."""

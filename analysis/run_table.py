@@ -16,6 +16,7 @@ import pandas as pd
 
 from envab.analysis.runs import RunRecords
 from envab.hashing import sha256_file
+from envab.preregistration import Preregistration
 from envab.tracking import start_run
 
 COLUMNS = [
@@ -50,7 +51,9 @@ def run_table(run: RunRecords) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def track_heldout(run: RunRecords, table: pd.DataFrame, prereg_sha256: str, directory) -> None:
+def track_heldout(
+    run: RunRecords, table: pd.DataFrame, prereg_sha256: str, directory, control_of=None
+) -> None:
     """The held-out curve as a wandb run: each scored checkpoint at its valid-trajectory count
     and at its training wall-clock (an unscored one has no rate, so no point)."""
     tracker = start_run(
@@ -61,6 +64,7 @@ def track_heldout(run: RunRecords, table: pd.DataFrame, prereg_sha256: str, dire
         prereg_sha256,
         {"training": run.pins["training"], "stop_reason": run.final.get("stop_reason")},
         directory=directory,
+        control_of=control_of,
     )
     for row in table[table["scored"]].itertuples():
         tracker.log(
@@ -94,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     run = RunRecords.load(args.pins, args.checkpoints, args.run, args.evals)
     table = run_table(run)
     table.to_csv(args.out, index=False)
-    track_heldout(run, table, sha256_file(args.target), args.wandb_dir)
+    controls = Preregistration.load(args.target).prices.controls  # a control's run -> its arm
+    track_heldout(
+        run, table, sha256_file(args.target), args.wandb_dir, control_of=controls.get(run.arm)
+    )
     return 0
 
 

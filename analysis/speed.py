@@ -65,6 +65,21 @@ def primary(pair: dict) -> dict:
     }
 
 
+def not_measured(baseline: str, candidate: str, registered) -> dict:
+    """The primary endpoint of an answer given no timing blocks (a selection's: the blocks
+    belong to the whole registration's answer)."""
+    return {
+        "candidate": candidate,
+        "baseline": baseline,
+        "endpoint": "seconds_per_valid_trajectory:wall_clock_s",
+        "alpha": registered.alpha,
+        "p_value": None,
+        "blocks": 0,
+        "smallest_effect": registered.smallest_effect,
+        "verdict": "not measured here: the timing blocks are the whole registration's answer",
+    }
+
+
 def _ratio_text(judged: dict) -> str:
     if judged.get("ratio") is None:
         return judged["verdict"]

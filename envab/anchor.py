@@ -12,9 +12,14 @@ check the frozen receipt against it.
 What is anchored is the part of the freeze that is the same on every machine and every clone:
 the sha256 of the target file's bytes (which holds the experiment id, the target, the protocol,
 the budget). The rest of the freeze receipt is not: it records when it was frozen and the commit
-it was frozen at. The split, model and code receipts are not anchored either: the code pins
-change with every commit, and a fresh clone at a later commit must still be able to freeze the
-shipped default.
+it was frozen at.
+
+The code that decides the answer (trainer, environments, evaluation, analysis, pipeline:
+envab/codepins.py) is *named* by the anchor: the experiment's first freeze writes every pinned
+file's digest into it (`register_code`), and every later freeze records, in its code receipt,
+which files differ from that registered code, and `verify` lists them (`DIFFERS`). Named, not
+refused: a fresh clone at a later commit must still be able to run the shipped default, and a
+skeptic must be able to see that it ran other code than was registered, and which.
 """
 
 from __future__ import annotations
@@ -108,4 +113,41 @@ def check_receipt(target: str | Path, experiment_id: str, frozen: str) -> Path |
         raise AnchorContradicted(
             contradiction(path, experiment_id, anchored, frozen, "the frozen receipt")
         )
+    return path
+
+
+def register_code(target: str | Path, experiment_id: str, files: dict[str, str]) -> Path | None:
+    """At the experiment's first freeze: write the code pins' digests (path -> sha256) into its
+    anchor, as the code the experiment was registered with. None where there is no anchor."""
+    path = anchor_path(target, experiment_id)
+    if not path.is_file():
+        return None
+    anchored = json.loads(path.read_text())
+    anchored["code"] = {"files": dict(sorted(files.items()))}
+    atomic_write_json(path, anchored)
+    return path
+
+
+def registered_code(target: str | Path, experiment_id: str) -> dict[str, str] | None:
+    """The code an experiment was registered with (path -> sha256), from its anchor; None for an
+    anchor from before code was registered, or none at all."""
+    path = anchor_path(target, experiment_id)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["code"]["files"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def code_differences(registered: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The pinned files whose digest differs from the registered code's (added or removed too),
+    named by the repository-relative path (a `../` prefix of a workflow run elsewhere dropped)."""
+    plain = {repository_path(p): d for p, d in now.items()}
+    return sorted(p for p in registered.keys() | plain.keys() if registered.get(p) != plain.get(p))
+
+
+def repository_path(path: str) -> str:
+    while path.startswith("../"):
+        path = path[3:]
     return path

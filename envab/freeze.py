@@ -27,7 +27,7 @@ from envab import anchor, codepins, preregistration, software
 from envab.errors import Refusal, refused
 from envab.hashing import aggregate_digest, sha256_file, sha256_json
 from envab.io import atomic_write_json, read_jsonl, write_jsonl
-from envab.receipts import repo_commit, subject, write_receipt
+from envab.receipts import read_receipt, repo_commit, subject, write_receipt
 from envab.split import (
     STRATA,
     functional_class,
@@ -116,6 +116,14 @@ def cmd_code(args) -> None:
     files = {path: digest for g in groups.values() for path, digest in g["files"].items()}
     # A freeze on a dirty tree is recorded, file by file: the commit alone would not say what ran.
     dirty = codepins.uncommitted(sorted(files))
+    # The registered code: written into the anchor by the experiment's first freeze; any later
+    # freeze names the files that differ from it (envab/anchor.py).
+    plain = {anchor.repository_path(p): d for p, d in files.items()}
+    prereg_receipt = read_receipt(receipts[preregistration.RECEIPT])["predicate"]
+    if prereg_receipt.get("first_freeze"):
+        anchor.register_code(args.target, prereg_receipt["experiment_id"], plain)
+    registered = anchor.registered_code(args.target, prereg_receipt["experiment_id"])
+    differs = anchor.code_differences(registered, files) if registered is not None else None
     write_receipt(
         args.receipt,
         "code",
@@ -125,12 +133,16 @@ def cmd_code(args) -> None:
             "groups": groups,
             "sha256": aggregate_digest(files),
             "source": {**repo_commit(), "uncommitted": dirty},
+            # None: the anchor registers no code (an experiment from before it did)
+            "differs_from_registered": differs,
         },
         depends_on=receipts.paths,
     )
     print(f"code: {len(files)} files pinned in {len(groups)} groups")
     if dirty:
         print(f"code: {len(dirty)} pinned files differ from the commit, recorded: {dirty[:5]}")
+    if differs:
+        print(f"code: {len(differs)} pinned files differ from the registered code: {differs[:5]}")
 
 
 def cmd_pins(args) -> None:

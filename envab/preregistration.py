@@ -183,14 +183,17 @@ class TimingRule:
     """How speed is measured (analysis/blocks.py, trainer/timing.py): blocks in which every arm
     replays the same training seed for the same window of valid trajectories back to back, in an
     order drawn from `order_seed` (ABBA at least), so that load that lasts minutes lands on
-    both arms of a block; a block whose window had more load from outside the run than
-    `max_outside_load` (a fraction of the machine's CPU time) or more steal than `max_steal` is
-    run again, up to `max_reruns` times, and every execution is reported."""
+    both arms of a block. A block is run again (up to `max_reruns` times; every execution is
+    reported) where a window had more load from outside the run than `max_outside_load` (a
+    fraction of the machine's CPU time) or more steal than `max_steal`, or where its arms'
+    outside loads differ by more than `max_load_difference`: steady load beside both arms is a
+    condition the block measures under, load that came and went between them is not."""
 
     blocks: int
     order_seed: int
     window_valid_trajectories: int
     max_outside_load: float
+    max_load_difference: float
     max_steal: float
     max_reruns: int
 
@@ -542,7 +545,7 @@ def freeze(target_path: str | Path, receipt: str | Path | None = None) -> Path:
         return receipt
     # Before anything is written: a target that contradicts the experiment's committed anchor is
     # refused; the experiment's first freeze writes the anchor.
-    anchored, _ = anchor.check_or_anchor(target_path, prereg.experiment_id)
+    anchored, first = anchor.check_or_anchor(target_path, prereg.experiment_id)
     write_receipt(
         receipt,
         "preregistration",
@@ -553,6 +556,9 @@ def freeze(target_path: str | Path, receipt: str | Path | None = None) -> Path:
             "source": repo_commit(Path(target_path).parent),
             "target": asdict(prereg.target),
             "anchor": anchored.as_posix(),
+            # The experiment's first freeze: its code pins (the code receipt) are the registered
+            # code, written into the anchor too (envab/anchor.py: register_code).
+            "first_freeze": first,
             # What every run of this experiment must leave in receipts/<exp>/ (envab/verify.py
             # says MISSING for each one absent); an experiment frozen before this field existed
             # requires none.

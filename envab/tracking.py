@@ -40,16 +40,19 @@ def start_run(
     prereg_sha256: str,
     config: dict,
     directory: str | Path,
+    control_of: str | None = None,
 ):
-    """The wandb run of one training (`kind="train"`) or one run's held-out curve (`"eval"`)."""
+    """The wandb run of one training (`kind="train"`) or one run's held-out curve (`"eval"`).
+    A control's runs (`control_of`: its base arm) go in a group of their own, so that grouping
+    the experiment's runs by arm shows the A/B's arms alone."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     run = wandb.init(
         project=os.environ.get("WANDB_PROJECT", "env-ab"),
-        group=experiment_id,
+        group=f"{experiment_id}-controls" if control_of else experiment_id,
         job_type=kind,
         name=f"{kind}-{arm}-seed{seed}",
-        tags=[f"arm:{arm}", f"seed:{seed}"],
+        tags=[f"arm:{arm}", f"seed:{seed}", "control" if control_of else "a/b"],
         mode=os.environ.get("WANDB_MODE", "offline"),
         dir=str(directory),
         config={
@@ -57,6 +60,7 @@ def start_run(
             "experiment_id": experiment_id,
             "arm": arm,
             "seed": seed,
+            "control_of": control_of,
             "preregistration_sha256": prereg_sha256,
         },
         reinit="finish_previous",

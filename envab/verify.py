@@ -49,11 +49,16 @@ NO_ANCHOR = "NO ANCHOR"  # a freeze from before anchors, none beside its target:
 # A subject this process must not open (the held-out split, in a training process): its digest is
 # checked by the jobs that may read it (the judge, evaluation, `verify` itself).
 NOT_READ = "NOT READ"
+# A pinned file that differs from the code the experiment was registered with (its anchor): named
+# for the reviewer, not a failure (a later commit may run a registration; the reader judges).
+DIFFERS = "DIFFERS"
 
 
 @dataclass(frozen=True)
 class Check:
-    status: str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED | NO ANCHOR | NOT READ
+    status: (
+        str  # ok | MISMATCH | MISSING | MALFORMED | NOT SHIPPED | NO ANCHOR | NOT READ | DIFFERS
+    )
     path: str
     receipt: str  # for a required receipt: the file that requires it
     role: str  # subject | depends_on | receipt | signature | checkpoint file | anchor | required
@@ -65,7 +70,7 @@ class Check:
 
     @property
     def failed(self) -> bool:
-        return self.status not in ("ok", NOT_SHIPPED_STATUS, NO_ANCHOR, NOT_READ)
+        return self.status not in ("ok", NOT_SHIPPED_STATUS, NO_ANCHOR, NOT_READ, DIFFERS)
 
     def line(self) -> str:
         if self.role == "receipt":
@@ -223,6 +228,8 @@ def verify_receipts(
         anchored = _anchor_check(name, statement, root)
         if anchored is not None:
             checks.append(anchored)
+        differs = statement["predicate"].get("differs_from_registered") or []
+        checks += [Check(DIFFERS, path, name, "registered code") for path in differs]
         for subject_entry in subjects:
             if isinstance(subject_entry, dict) and unread(str(subject_entry.get("name"))):
                 checks.append(Check(NOT_READ, str(subject_entry["name"]), name, "subject"))
@@ -272,7 +279,9 @@ def verdict(checks: list[Check]) -> str:
     shipped = f", {left_out} not shipped (digest only)" if left_out else ""
     unanchored = sum(c.status == NO_ANCHOR for c in checks)
     loose = ", the freeze not anchored" if unanchored else ""
-    return f"verify: {sum(c.ok for c in checks)} ok{shipped}{loose}, {failed} failed"
+    differs = sum(c.status == DIFFERS for c in checks)
+    other = f", {differs} pinned files differ from the registered code" if differs else ""
+    return f"verify: {sum(c.ok for c in checks)} ok{shipped}{loose}{other}, {failed} failed"
 
 
 def checks_frame(checks: list[Check]) -> pd.DataFrame:

@@ -31,6 +31,21 @@ def shrink_budget(target: dict, *, valid: int, wall_clock_s: float, interval: in
     target["evaluation"]["checkpoint_interval"] = interval
     for control in target.get("controls", []):
         control.pop("max_valid_trajectories", None)
+    shrink_timing(target, interval)
+
+
+def shrink_timing(target: dict, window: int) -> None:
+    """Two timing blocks of `window` valid trajectories, where the target registers blocks; the
+    tests' other workers share the machine, so no window is refused for the load beside it
+    (the rule itself: tests/test_blocks.py)."""
+    if "timing" in target:
+        target["timing"].update(
+            blocks=2,
+            window_valid_trajectories=window,
+            max_outside_load=1.0,
+            max_steal=1.0,
+            max_reruns=0,
+        )
 
 
 os.environ["WANDB_MODE"] = "disabled"  # no wandb files or processes from tests (inherited by jobs)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHIPPED_EXP as EXP
+from conftest import shrink_timing
 
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 # Every Python process of the runs carries an audit hook (sitecustomize) that writes down each
@@ -64,6 +65,7 @@ def answered(tmp_path_factory, make_workflow):
         t["seeds"] = t["control_seeds"] = [1]  # one run per arm (replication: test_outcome.py)
         # One evaluation seed: 8 held-out episodes per checkpoint.
         t["evaluation"].update(checkpoint_interval=4, max_steps=1, seeds=[0])
+        shrink_timing(t, 4)  # two blocks of 4 valid trajectories, both arms
         t.setdefault("equivalence", {"reference_start": 0.5, "margin_fraction": 0.5})
         t.setdefault("confirmation", {"delta": 0.05})
         # The three controls on the drums arm. Every reward flipped, so the corruption shows at
@@ -151,6 +153,25 @@ def test_no_training_process_ever_opens_the_held_out_split(answered):
     # nor is a held-out path ever in a trainer's arguments
     trainers = [o["argv"] for o in opens if Path(o["argv"][0]).name in ("grpo.py", "sft.py")]
     assert trainers and not any("heldout" in arg for argv in trainers for arg in argv)
+
+
+def test_speed_is_judged_in_timing_blocks_apart_from_learning(answered):
+    # The shipped registration's primary endpoint, on two blocks of 4 valid trajectories here.
+    outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
+    (primary,) = outcome["primary"]
+    assert primary["endpoint"] == "seconds_per_valid_trajectory:wall_clock_s"
+    assert primary["candidate"] == "drums" and primary["blocks"] == 2
+    executions = outcome["speed"]["executions"]
+    assert [e["block"] for e in executions] == [0, 1]
+    assert {tuple(sorted(e["windows"])) for e in executions} == {("drums", "restore")}
+    md = (answered.root / RESULTS / "outcome.md").read_text()
+    assert "## Speed: seconds per valid trajectory in timing blocks" in md
+    assert "## Three clocks" in md
+    # each run's three clocks: the loop within provisioning + training within the whole
+    for row in outcome["runs"]:
+        c = row["clocks"]
+        assert 0 < c["training_loop_s"] <= c["provisioned_s"] <= c["with_judging_s"], c
+    assert outcome["warm_start"]["rates"]
 
 
 def test_the_literal_command_ran_only_that_arm_and_seed_on_a_cluster(answered):
@@ -432,8 +453,11 @@ def test_wandb_has_both_arms_curves_against_valid_trajectories_and_wall_clock(an
     for name, run in runs.items():
         kind, arm = name.split("-", 1)
         arm = arm.removesuffix("-seed1")
-        assert run["run"]["run_group"] == EXP and run["run"]["job_type"] == kind
-        assert run["run"]["tags"] == [f"arm:{arm}", "seed:1"]
+        # the controls in a group of their own: grouping the A/B's group by arm shows two arms
+        control = arm.startswith("drums-")
+        assert run["run"]["run_group"] == (f"{EXP}-controls" if control else EXP)
+        assert run["run"]["job_type"] == kind
+        assert run["run"]["tags"] == [f"arm:{arm}", "seed:1", "control" if control else "a/b"]
         assert run["axes"]["train/*"] == "valid_trajectories"
         assert run["axes"]["heldout/*"] == "valid_trajectories"
         assert run["axes"]["heldout_wall_clock/*"] == "wall_clock_s"
@@ -526,7 +550,9 @@ def test_a_tampered_item_is_named_by_verify_and_refused_by_the_next_job(
         timeout=300,
     )
     failed = [
-        line for line in verified.stdout.splitlines() if not line.startswith(("ok", "verify:"))
+        line
+        for line in verified.stdout.splitlines()
+        if not line.startswith(("ok", "verify:", "DIFFERS"))
     ]
     assert verified.returncode == 1, verified.stdout[-2000:]
     assert any(path.as_posix() in line.split() for line in failed), failed

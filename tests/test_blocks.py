@@ -14,6 +14,7 @@ from envab.analysis.blocks import (
     inadmissible,
     judge_blocks,
     trimmed,
+    unequal_load,
 )
 
 
@@ -52,6 +53,15 @@ def window(**over) -> dict:
 )
 def test_a_window_past_the_rule_is_named(over, why):
     assert inadmissible(window(**over), max_outside_load=0.15, max_steal=0.05) == why
+
+
+def test_steady_load_beside_both_arms_is_measured_under_but_load_that_came_and_went_is_not():
+    steady = {"qemu": window(outside_load=0.30), "drums": window(outside_load=0.26)}
+    assert unequal_load(steady, max_load_difference=0.1) is None
+    moved = {"qemu": window(outside_load=0.02), "drums": window(outside_load=0.31)}
+    assert unequal_load(moved, max_load_difference=0.1) == (
+        "outside load differs by 0.29 > 0.1 (drums 0.31, qemu 0.02)"
+    )
 
 
 def test_a_clear_speedup_is_faster_beyond_the_smallest_effect():

@@ -18,7 +18,11 @@ RESULTS = Path("results") / EXP
 
 def verify(workflow):
     result = workflow.python("-m", "envab.verify", str(RECEIPTS))
-    failed = [line for line in result.stdout.splitlines() if not line.startswith(("ok", "verify:"))]
+    failed = [
+        line
+        for line in result.stdout.splitlines()
+        if not line.startswith(("ok", "verify:", "DIFFERS"))  # DIFFERS is named, not failed
+    ]
     return result.returncode, failed
 
 
@@ -68,6 +72,30 @@ def test_an_edit_to_the_analysis_after_the_freeze_is_named_by_verify_and_refused
     assert result.returncode != 0
     assert f"code changed since experiment '{EXP}' was frozen" in result.stderr
     assert "analysis/stop_at_target.py" in result.stderr
+
+
+def test_a_later_freeze_at_other_code_names_what_differs_from_the_registered_code(frozen):
+    # The first freeze registered the code in the anchor; a clone at a later commit (receipts and
+    # results gone, the judge edited) freezes again and says which files differ.
+    registered = json.loads(
+        (frozen.root / "preregistration" / "anchors" / f"{EXP}.json").read_text()
+    )
+    assert "analysis/stop_at_target.py" in registered["code"]["files"]
+    # what already differed (none where the anchor was written by this copy's first freeze)
+    before = read_receipt(frozen.root / RECEIPTS / "code.json")["predicate"]
+    before = set(before["differs_from_registered"])
+    shutil.rmtree(frozen.root / "receipts")
+    shutil.rmtree(frozen.root / "results")
+    judge = frozen.root / "analysis" / "stop_at_target.py"
+    judge.write_text(judge.read_text() + "\n# a later commit\n")
+    result = frozen.snakemake("freeze")
+    assert result.returncode == 0, result.stderr[-2000:]
+    code = read_receipt(frozen.root / RECEIPTS / "code.json")["predicate"]
+    assert code["differs_from_registered"] == sorted(before | {"analysis/stop_at_target.py"})
+    verified = frozen.python("-m", "envab.verify", str(RECEIPTS))
+    assert verified.returncode == 0, verified.stdout[-2000:]
+    assert "DIFFERS   analysis/stop_at_target.py  (registered code of" in verified.stdout
+    assert f"{len(before) + 1} pinned files differ from the registered code" in verified.stdout
 
 
 def test_receipts_record_what_was_frozen(frozen):

@@ -42,6 +42,7 @@ def timed(tmp_path_factory, make_workflow):
             "order_seed": 5,
             "window_valid_trajectories": 4,
             "max_outside_load": 1.0,
+            "max_load_difference": 1.0,
             "max_steal": 1.0,
             "max_reruns": 0,
         }

@@ -709,6 +709,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
                 "budget": asdict(inputs.prereg.budget_for(inputs.arm)),
             },
             directory=args.wandb_dir,
+            control_of=inputs.prereg.prices.controls.get(inputs.arm),
         )
         if ranks.main
         else Silent()

@@ -10,8 +10,9 @@ Each window is one training process (`python -m envab.trainer.grpo --timing-wind
 trainer the A/B runs use, its pins a copy of the seed's), started from here so that this process
 can measure it from outside: its wall-clock, the CPU time of its whole process tree (wait4), and
 the machine's over the same window (/proc/stat, /proc/pressure/cpu). What the machine did beyond
-the run's own processes is the window's *outside load*; a block where any window's outside load or
-steal passes the registered rule is run again (up to `max_reruns` times). Every execution of
+the run's own processes is the window's *outside load*; a block where a window's outside load or
+steal passes the registered rule, or whose arms' outside loads differ by more than it allows, is
+run again (up to `max_reruns` times). Every execution of
 every block is written to `--out`, kept or not, and the outcome lists them all.
 
 Where training is bit-deterministic (CPU), a window replays exactly the first N valid trajectories
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 from envab import preregistration
-from envab.analysis.blocks import block_order, block_seed, inadmissible
+from envab.analysis.blocks import block_order, block_seed, inadmissible, unequal_load
 from envab.errors import Refusal
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
@@ -158,6 +159,8 @@ def run_blocks(args, console) -> list[dict]:
                 for arm, w in windows.items()
                 if (why := inadmissible(w, rule.max_outside_load, rule.max_steal))
             }
+            if not reasons and (why := unequal_load(windows, rule.max_load_difference)):
+                reasons["block"] = why
             record = {
                 "block": block,
                 "execution": execution,
