@@ -204,6 +204,7 @@ INTEGRATION_FILES = {
     "test_arms.py",
     "test_bad_inputs.py",
     "test_controls.py",
+    "test_doc_commands.py",  # every documented command's --help
     "test_factory.py",
     "test_gvisor.py",
     "test_heldout.py",

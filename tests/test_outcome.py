@@ -282,6 +282,37 @@ FROZEN = f"receipts/{EXP}/preregistration.json"
 TARGET = ["--target", "prereg/target.yaml", "--receipts", FROZEN]
 
 
+def timing_execution(block: int, drums_s: float, restore_s: float) -> dict:
+    """One timing block's record as trainer/timing.py writes it, both arms' windows of 64."""
+
+    def window(position: int, loop: float) -> dict:
+        return {
+            "position": position,
+            "exit": 0,
+            "valid_trajectories": 64,
+            "invalid_discarded": 0,
+            "wall_clock_s": loop,
+            "provisioned_s": loop + 2.0,
+            "process_s": loop + 12.0,
+            "tree_cpu_s": 2 * loop,
+            "env_cpu_s": loop,
+            "outside_load": 0.01,
+            "steal_fraction": 0.0,
+            "cpu_pressure_some": 0.02,
+            "steps_sha256": "0" * 64,
+        }
+
+    return {
+        "block": block,
+        "execution": 0,
+        "seed": 1,
+        "order": ["restore", "drums"],
+        "windows": {"restore": window(0, restore_s), "drums": window(1, drums_s)},
+        "admissible": True,
+        "inadmissible": {},
+    }
+
+
 def frozen_target(root: Path, monkeypatch) -> Path:
     """The shipped pre-registration with this test's arms and a 0.7 threshold, frozen under `root`
     (the working directory, where the outcome CLI looks for the receipt)."""
@@ -318,6 +349,10 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
         relative = [p.relative_to(tmp_path).as_posix() for p in paths]
         run_args += ["--run", *relative]
         named += relative
+    # the shipped registration's primary endpoint is measured in timing blocks: two of them
+    timing = tmp_path / "in" / "blocks.jsonl"
+    executions = [timing_execution(block, drums_s=4.0 + block, restore_s=16.0) for block in (0, 1)]
+    timing.write_text("".join(json.dumps(e) + "\n" for e in executions))
     receipt = "receipts/exp/outcome.json"
     outputs = {
         "--outcome-json": "out/a/answer.json",
@@ -325,6 +360,7 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
         "--curves-valid": "out/c/valid.png",
         "--curves-wallclock": "out/d/wallclock.png",
         "--receipt": receipt,
+        "--timing": timing.relative_to(tmp_path).as_posix(),
     }
     result = outcome_cli(
         tmp_path,
@@ -351,7 +387,7 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
     assert sorted(outcome["inputs"]) == sorted(named)
     # The same answer as computed in-process from the same files.
     runs = [RunRecords.load(*named[i : i + 3], named[i + 3 : i + 5]) for i in (0, 5)]
-    expected = compute_outcome(runs, check_frozen("prereg/target.yaml", FROZEN))
+    expected = compute_outcome(runs, check_frozen("prereg/target.yaml", FROZEN), executions)
     assert outcome == json.loads(json.dumps(expected))
     markdown = (tmp_path / "out/b/answer.md").read_text()
     assert markdown == render_markdown(expected) and markdown in result.stdout
@@ -360,13 +396,15 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
     statement = json.loads((tmp_path / receipt).read_text())
     subjects = [s["name"] for s in statement["subject"]]
     assert subjects[:4] == [outputs[k] for k in list(outputs)[:4]]
-    assert sorted(subjects[4:]) == sorted(named)
+    assert sorted(subjects[4:]) == sorted([*named, outputs["--timing"]])
     assert [d["name"] for d in statement["predicate"]["depends_on"]] == [FROZEN]
     # the old coincidence check is not a verdict of the receipt; the primary and curves are
     predicate = statement["predicate"]
     assert "coincidence" not in predicate
     claim = "one seed per arm: no replication, no arm-level claim"
-    assert predicate["primary"] == {"drums/restore": claim}
+    # speed is judged over the blocks, not the seeds: two blocks give an interval
+    assert predicate["primary"] == {"drums/restore": expected["primary"][0]["verdict"]}
+    assert expected["primary"][0]["blocks"] == 2 and expected["primary"][0]["ratio"] < 1
     assert predicate["curves"] == {"drums/restore": claim}
 
 

@@ -437,3 +437,45 @@ def test_a_public_address_in_ipv6_forms_is_public(monkeypatch):
     answer = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("64:ff9b::808:808", 0, 0, 0))]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
     assert private_host("http://files.example/a.xlsx") is None
+
+
+def test_a_name_that_rebinds_to_loopback_after_its_check_reaches_nothing(tmp_path, monkeypatch):
+    # DNS rebinding: the name resolves to a public address when vetted, to this machine's
+    # loopback when connecting. The connection goes to an address vetted in its own resolution,
+    # so the loopback server's secret is never fetched.
+    from envab.envs.tasks.fetch import Limits, Unfetchable, fetch_url
+
+    got = []
+
+    class Secret(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            got.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"the machine's secret")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Secret)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    real = socket.getaddrinfo
+    calls = []
+
+    def rebinding(host, *args, **kwargs):
+        if host != "files.example":
+            return real(host, *args, **kwargs)
+        calls.append(host)
+        address = "8.8.8.8" if len(calls) == 1 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    try:
+        with pytest.raises(Unfetchable) as refused:
+            fetch_url(f"http://files.example:{port}/secret", tmp_path, Limits())
+    finally:
+        server.shutdown()
+    assert refused.value.reason == "file:private_host"
+    assert "127.0.0.1 when connecting" in str(refused.value)
+    assert len(calls) >= 2 and got == []

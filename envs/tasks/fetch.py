@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import ipaddress
 import os
 import shutil
@@ -74,9 +75,11 @@ class Limits:
 
 def private_host(url: str) -> str | None:
     """Why `url`'s host is off limits (None: every address it resolves to is public): loopback,
-    private, link-local, reserved, multicast or unspecified; Unfetchable (file:missing) when it
-    does not resolve. Checked again at each redirect; a name that resolves otherwise between the
-    check and the connection is not caught."""
+    private, link-local, reserved, multicast or unspecified, also where an IPv6 form carries such
+    an IPv4 address; Unfetchable (file:missing) when it does not resolve. Checked again at each
+    redirect, and again at each connection, which goes to an address vetted in that same
+    resolution (`_PinnedHTTPConnection`): a name that resolves otherwise between the check and the
+    connection (DNS rebinding) reaches no private address."""
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -119,6 +122,58 @@ class Unfetchable(Exception):
         self.reason = reason
 
 
+class PrivateAddress(OSError):
+    """A connection refused because the name resolved, when connecting, to a private address."""
+
+
+def vetted_connection(host: str, port: int, timeout, source_address=None) -> socket.socket:
+    """A socket connected to an address `host` resolves to now, every such address vetted as
+    public first: the address connected to is the one checked, never a second resolution's."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        if any(not a.is_global or a.is_multicast for a in (address, *embedded_ipv4(address))):
+            raise PrivateAddress(f"{host!r} resolves to {address} when connecting, not public")
+        sock = socket.socket(family, kind, proto)
+        try:
+            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as e:
+            error = e
+            sock.close()
+    raise error or OSError(f"{host!r} resolves to no address")
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = vetted_connection(self.host, self.port, self.timeout, self.source_address)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    def connect(self):
+        sock = vetted_connection(self.host, self.port, self.timeout, self.source_address)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+
+class _PinnedHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        if req.has_proxy():  # the proxy the user set resolves the name: vetted by name above
+            return super().http_open(req)
+        return self.do_open(_PinnedHTTPConnection, req)
+
+
+class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        if req.has_proxy():
+            return super().https_open(req)
+        return self.do_open(_PinnedHTTPSConnection, req, context=self._context)
+
+
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     max_redirections = MAX_REDIRECTS
 
@@ -136,11 +191,18 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 def _opener(allow_private_hosts: bool = False) -> urllib.request.OpenerDirector:
     """http and https only: no file, ftp or data handler is there to be reached at all."""
     opener = urllib.request.OpenerDirector()
+    # Every connection to an address vetted in its own resolution, unless private hosts are
+    # allowed (a mirror on this machine's network).
+    http_handler, https_handler = (
+        (urllib.request.HTTPHandler(), urllib.request.HTTPSHandler())
+        if allow_private_hosts
+        else (_PinnedHTTPHandler(), _PinnedHTTPSHandler())
+    )
     for handler in (
         urllib.request.ProxyHandler(),
         urllib.request.UnknownHandler(),
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
+        http_handler,
+        https_handler,
         urllib.request.HTTPDefaultErrorHandler(),
         _HttpOnlyRedirects(allow_private_hosts),
         urllib.request.HTTPErrorProcessor(),
@@ -317,7 +379,11 @@ def fetch_url(
         return entry
     except urllib.error.HTTPError as e:
         raise Unfetchable("file:missing", f"HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, PrivateAddress):
+            raise Unfetchable("file:private_host", f"not fetched: {e.reason}") from None
+        raise Unfetchable("file:missing", f"not fetched ({e.reason})") from None
+    except (OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise Unfetchable("file:missing", f"not fetched ({reason})") from None
     finally:
