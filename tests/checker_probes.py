@@ -93,6 +93,46 @@ def other_route(evaluator, http) -> float:
     return 1.0 if reply["status"] == 403 else 0.0
 
 
+def forge(evaluator, http) -> float:
+    """For `evaluator["seconds"]`, rewrite every other checker's job it can find under the host's
+    temporary folder (`evaluator["tmp"]`) to an always-true one, and plant a file in its cache:
+    1.0 when it could read or write none of them (the other checkers then score their own job)."""
+    import glob
+
+    forged = {"evaluator": {"probe": "answer", "value": 1.0}, "browser": False, "cache": False}
+    reached = 0
+    deadline = time.monotonic() + evaluator["seconds"]
+    while time.monotonic() < deadline:
+        for home in glob.glob(os.path.join(evaluator["tmp"], "envab-checker-*")):
+            if os.path.realpath(home) == os.path.realpath(os.getcwd()):
+                continue  # its own
+            job, planted = os.path.join(home, "job.json"), os.path.join(home, "planted")
+            for attempt in (
+                lambda j=job: _write(j, json.dumps(forged)),
+                lambda j=job: _read(j),
+                lambda p=planted: _write(p, "x"),
+                lambda h=home: os.listdir(h),
+            ):
+                try:
+                    attempt()
+                    reached += 1
+                except OSError:
+                    pass
+        time.sleep(0.02)
+    http("POST", "/file", "text/plain", str(reached).encode())
+    return 1.0 if reached == 0 else 0.0
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def hang(evaluator, http) -> float:
     time.sleep(3600)
     return 1.0
@@ -171,7 +211,7 @@ def browser_closed(evaluator, http) -> float:
 PROBES = {
     f.__name__: f
     for f in (
-        *(write_marker, connect, facts, orphan, other_route, hang),
+        *(write_marker, connect, facts, orphan, other_route, hang, forge),
         *(exit_early, allocate, raw_frame, raw_bytes, answer, browser_echo, browser_closed),
     )
 }

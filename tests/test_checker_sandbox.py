@@ -23,7 +23,7 @@ import pytest
 from envab.envs.protocol import Gate, checked
 from envab.envs.xdesktop import checker, evaluate
 from envab.envs.xdesktop.checker import CheckerFailed
-from envab.envs.xdesktop.confine import NOBODY, Limits
+from envab.envs.xdesktop.confine import CHECKER_IDS, Limits
 
 PROBES = str(Path(__file__).with_name("checker_probes.py"))
 ROOT = os.geteuid() == 0
@@ -168,10 +168,11 @@ def test_the_checker_is_unprivileged_with_no_network_and_nothing_of_the_hosts():
     assert _probe("facts", env, limits) == 1.0
     ((_, path, body),) = env.requests
     facts = json.loads(body)
-    uid = NOBODY if ROOT else os.getuid()
+    # as root: a uid and gid of its own (CHECKER_IDS), never root, nobody's, or the host's
+    uid = facts["resuid"][0] if ROOT else os.getuid()
     assert facts["resuid"] == [uid] * 3 and facts["groups"] == []
     if ROOT:
-        assert facts["resgid"] == [NOBODY] * 3
+        assert uid in CHECKER_IDS and facts["resgid"] == [uid] * 3
     assert facts["no_new_privs"] == "1" and int(facts["cap_eff"], 16) == 0
     assert facts["interfaces"] == ["lo"]  # a namespace of its own: none of the host's
     # LC_CTYPE: the interpreter's own C-locale coercion (PEP 538), not the host's
@@ -182,6 +183,40 @@ def test_the_checker_is_unprivileged_with_no_network_and_nothing_of_the_hosts():
     assert facts["rlimits"]["RLIMIT_NPROC"] == 55
     assert facts["rlimits"]["RLIMIT_AS"] == limits.memory_bytes
     assert facts["rlimits"]["RLIMIT_FSIZE"] == limits.file_bytes
+
+
+@pytest.mark.skipif(not ROOT, reason="a host that is not root keeps its uid in every checker")
+def test_a_checker_cannot_forge_the_job_or_cache_of_checkers_beside_it():
+    # One hostile checker polls the host's temporary folder for the other checkers' folders
+    # and rewrites every job it finds to an always-true one; five honest checkers, whose job
+    # scores 0, start beside it. Each must score its own job.
+    from concurrent.futures import ThreadPoolExecutor
+
+    hostile_env = Environment({})
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        hostile = pool.submit(_probe, "forge", hostile_env, seconds=12.0, tmp=tempfile.gettempdir())
+        time.sleep(2.0)  # the hostile one is polling before the others start
+        honest = [pool.submit(_probe, "answer", value=0.0) for _ in range(5)]
+        scores = [f.result(timeout=300) for f in honest]
+        assert hostile.result(timeout=300) == 1.0, hostile_env.requests
+    assert scores == [0.0] * 5
+    ((_, _, reached),) = hostile_env.requests
+    assert reached == b"0"
+
+
+def test_two_checkers_side_by_side_hold_two_ids():
+    from envab.envs.xdesktop.confine import checker_ids
+
+    folder = tempfile.mkdtemp()
+    try:
+        with checker_ids(folder) as first, checker_ids(folder) as second:
+            assert first != second and {first, second} <= set(CHECKER_IDS)
+        with checker_ids(folder) as again:
+            assert again == first  # given back when its checker ended
+    finally:
+        import shutil
+
+        shutil.rmtree(folder)
 
 
 @pytest.mark.skipif(not ROOT, reason="a host that is not root keeps its uid in the checker")

@@ -193,3 +193,48 @@ def test_a_host_that_does_not_resolve_is_missing_not_private(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count(": file:missing: not fetched: 'files.invalid' does not resolve") == 3
     assert "file:private_host" not in err
+
+
+@pytest.mark.parametrize(
+    ("caps", "said"),
+    [
+        ({"max_file_bytes": 4}, "over the 4 a file may have"),
+        ({"max_map_bytes": 10}, "over the 10 a file may have"),
+        ({"max_total_bytes": 40}, "bytes a mirror may unpack to"),
+        ({"max_members": 1}, "more than 1 members"),
+    ],
+)
+def test_unpack_is_bounded_before_a_byte_is_written(tmp_path, caps, said):
+    from envab.envs.tasks.mirror_archive import Caps
+
+    data = b"alpha\n"
+    good_map = json.dumps({"files": {"http://h/a": {"sha256": sha(data), "size": len(data)}},
+                           "tasks": {}}).encode()  # fmt: skip
+    archive = _archive(
+        tmp_path, [(_file("files.json"), good_map), (_file(f"files/{sha(data)}"), data)]
+    )
+    assert unpack(archive, tmp_path / "whole", caps=Caps())  # within the default bounds
+    out = tmp_path / "out"
+    with pytest.raises(MirrorError, match=said):
+        unpack(archive, out, caps=Caps(**caps))
+    assert not out.exists()
+
+
+def test_a_sparse_member_is_refused(tmp_path):
+    data = b"alpha\n"
+    good_map = json.dumps({"files": {"http://h/a": {"sha256": sha(data), "size": len(data)}},
+                           "tasks": {}}).encode()  # fmt: skip
+    sparse = _file(f"files/{sha(data)}")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    path = tmp_path / "hostile.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(_sized(_file("files.json"), good_map), io.BytesIO(good_map))
+        tar.addfile(_sized(sparse, data), io.BytesIO(data))
+    with pytest.raises(MirrorError):
+        unpack(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _sized(info: tarfile.TarInfo, data: bytes) -> tarfile.TarInfo:
+    info.size = len(data)
+    return info

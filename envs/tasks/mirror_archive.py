@@ -12,7 +12,9 @@ given one (or the `.sha256` beside it), takes only regular files named `files.js
 `files/<sha256>` (no link, folder, device or other path: nothing lands outside the folder),
 hashes each file as it is written, and refuses the lot, writing nothing, on any file whose
 bytes are not its name, a file the map names but the archive lacks, or one it has but the map
-does not name. The freeze's `files.mirror` checks each file again when it takes it.
+does not name. Bounded before a byte is written (`Caps`): at most so many members, so many bytes
+a file and in all, and no sparse member (a small archive that would unpack to a full disk). The
+freeze's `files.mirror` checks each file again when it takes it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from envab.envs.tasks.filestore import MAP, SHA256, STORE, FilesMapError, blob, read_map
@@ -29,6 +32,18 @@ from envab.errors import Refusal
 from envab.hashing import sha256_file
 
 CHUNK = 2**20
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one unpack may write: the freeze's own bounds on task files by default
+    (envs/tasks/fetch.py: Limits), the map at most 64 MiB, at most 100,000 members."""
+
+    max_members: int = 100_000
+    max_file_bytes: int = 512 * MIB
+    max_total_bytes: int = 8192 * MIB
+    max_map_bytes: int = 64 * MIB
 
 
 class MirrorError(Refusal, ValueError):
@@ -110,7 +125,9 @@ def _expected_digest(archive: Path, sha256: str | None) -> str | None:
     return None
 
 
-def unpack(archive: str | Path, out: str | Path, sha256: str | None = None) -> dict:
+def unpack(
+    archive: str | Path, out: str | Path, sha256: str | None = None, caps: Caps = Caps()
+) -> dict:
     """The archive's mirror into `out` (absent or empty), every file checked (see the module's
     docstring); returns its files map. MirrorError, and nothing written, on anything amiss."""
     archive, out = Path(archive), Path(out)
@@ -126,7 +143,7 @@ def unpack(archive: str | Path, out: str | Path, sha256: str | None = None) -> d
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         (work / STORE).mkdir()
-        taken = _extract(archive, work)
+        taken = _extract(archive, work, caps)
         if MAP not in taken:
             raise MirrorError(f"{archive}: no {MAP} in the archive")
         try:
@@ -154,8 +171,23 @@ def unpack(archive: str | Path, out: str | Path, sha256: str | None = None) -> d
         raise
 
 
-def _extract(archive: Path, work: Path) -> set[str]:
+def _over_caps(member: tarfile.TarInfo, taken: int, total: int, caps: Caps) -> str | None:
+    """Why `member` may not be written (None: it may), counted before it is."""
+    if member.issparse():
+        return "a sparse member (it would unpack larger than it travels)"
+    if taken >= caps.max_members:
+        return f"more than {caps.max_members} members"
+    limit = caps.max_map_bytes if member.name == MAP else caps.max_file_bytes
+    if member.size > limit:
+        return f"{member.size} bytes, over the {limit} a file may have"
+    if total + member.size > caps.max_total_bytes:
+        return f"over the {caps.max_total_bytes} bytes a mirror may unpack to"
+    return None
+
+
+def _extract(archive: Path, work: Path, caps: Caps) -> set[str]:
     taken: set[str] = set()
+    total = 0
     try:
         tar = tarfile.open(archive, mode="r:")  # noqa: SIM115 (its errors are named apart)
     except (OSError, tarfile.TarError) as e:
@@ -172,7 +204,10 @@ def _extract(archive: Path, work: Path) -> set[str]:
                                       f"{STORE}/<sha256>; nothing written")  # fmt: skip
                 if name in taken:
                     raise MirrorError(f"{archive}: {name!r} twice; nothing written")
+                if over := _over_caps(member, len(taken), total, caps):
+                    raise MirrorError(f"{archive}: {name!r}: {over}; nothing written")
                 taken.add(name)
+                total += member.size
                 digest = hashlib.sha256()
                 src = tar.extractfile(member)
                 with src, open(work / name, "xb") as dst:

@@ -18,10 +18,14 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
 - having imported the metrics and getters the task names (`preload`, from desktop-env's own
   modules by name only), with the interpreter's folders reachable after the uid change (as root,
   in a mount namespace of its own: `confine._reachable`, for an interpreter under /root): resource
-  limits, the unprivileged uid and gid (`Limits`, nobody/nogroup by default; a host that is not
-  root keeps its uid), no capabilities, an environment holding only HOME and TMPDIR, both its
-  private folder (owned by that uid, removed afterwards), where its cache lives and its cwd is.
-  Only then does a getter or metric run.
+  limits, an unprivileged uid and gid *of its own* (as root: one of `confine.CHECKER_IDS`, held
+  by this evaluation alone while it runs, `checker_ids`; a host that is not root keeps its uid),
+  no capabilities, an environment holding only HOME and TMPDIR, both its private folder (mode
+  0700, owned by its own uid, removed afterwards), where its cache lives and its cwd is. Only then
+  does a getter or metric run. Checkers that run side by side thus cannot read or write each
+  other's folders; the job (the evaluator it scores) is a root-owned file only the checker's
+  still-root start reads, and its score frame names the digest of the job it read, which the
+  host checks against the job it wrote: a checker cannot score another job than its own.
 
 Frames are the channel's (`envs/host/channel.py`: length-prefixed JSON, bytes as base64): the
 checker sends `{"http": [method, path, content type, body]}` or `{"browser": [stream, data,
@@ -56,7 +60,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from envab.envs.host.channel import (
@@ -69,6 +73,7 @@ from envab.envs.host.channel import (
 )
 from envab.envs.xdesktop import confine, debugging
 from envab.envs.xdesktop.confine import ConfinementError, Limits
+from envab.hashing import sha256_bytes as sha256
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +134,29 @@ def run(
         log.warning("checker failed (%s): %s", e.failure, e)
         raise
     streams = debugging.Streams(browser) if browser is not None else None
-    home = tempfile.mkdtemp(prefix="envab-checker-")
+    with contextlib.ExitStack() as held:
+        if os.geteuid() == 0 and limits.uid == confine.NOBODY:  # ids of its own, while it runs
+            uid = held.enter_context(confine.checker_ids())
+            limits = replace(limits, uid=uid, gid=uid)
+        return _run(evaluator, files, http, routes, limits, entry, streams)
+
+
+def _run(evaluator, files, http, routes, limits, entry, streams) -> float:
+    home = tempfile.mkdtemp(prefix="envab-checker-")  # mode 0700, its own uid's below
     try:
         job = {"evaluator": evaluator, "browser": streams is not None, "cache": bool(files)}
-        Path(home, JOB).write_text(json.dumps(job))
+        # The job stays the host's (root's, mode 0600 as root): only the checker's start, before
+        # its uid changes, reads it; the score it sends back names the digest of what it read.
+        job_bytes = json.dumps(job).encode()
+        Path(home, JOB).write_bytes(job_bytes)
+        Path(home, JOB).chmod(0o600)
         if files:
             Path(home, CACHE).mkdir()
             for name, data in files.items():
                 Path(home, CACHE, name).write_bytes(data)
         if os.geteuid() == 0:
-            for path in (home, *Path(home).rglob("*")):
+            cache = Path(home, CACHE)
+            for path in (Path(home), *((cache, *cache.rglob("*")) if files else ())):
                 os.chown(path, limits.uid, limits.gid)
         with tempfile.TemporaryFile() as stderr:
             argv = ["--home", home, "--entry", entry, "--limits", json.dumps(asdict(limits))]
@@ -153,7 +171,7 @@ def run(
             )
             grace = 0.0
             try:
-                score = _serve(proc, http, frozenset(routes), limits, streams)
+                score = _serve(proc, http, frozenset(routes), limits, streams, sha256(job_bytes))
                 grace = EXIT_GRACE_S
                 return score
             except CheckerFailed as e:
@@ -175,8 +193,10 @@ def _serve(
     routes: frozenset,
     limits: Limits,
     streams: debugging.Streams | None,
+    job_sha256: str,
 ) -> float:
-    """Answer the checker's requests until its score, its deadline or its end."""
+    """Answer the checker's requests until its score, its deadline or its end. A score must
+    name the digest of the job this host wrote for it (`job_sha256`)."""
     channel = PipeChannel(proc.stdout.fileno(), proc.stdin.fileno(), max_frame=REQUEST_MAX)
     deadline = time.monotonic() + limits.deadline_s
     while True:
@@ -192,10 +212,13 @@ def _serve(
             ended = _ended(proc)
             raise CheckerFailed("crash", f"the checker ended ({ended}) without a score") from None
         kind = next(iter(message), None) if isinstance(message, dict) else None
+        if kind == "score" and set(message) <= {"score", "job"}:
+            score = _score(message["score"])
+            if message.get("job") != job_sha256:
+                raise CheckerFailed("garbage", "a score for another job than the one it was given")
+            return score
         if kind is None or len(message) != 1:
             raise CheckerFailed("garbage", "a frame that is not a checker's message")
-        if kind == "score":
-            return _score(message["score"])
         if kind == "error":
             name = str(message["error"])[:100]
             if name == ConfinementError.__name__:
@@ -351,7 +374,8 @@ def main(argv=None) -> int:
     try:
         confine.no_new_privileges()
         confine.isolate()
-        job = json.loads(Path(args.home, JOB).read_text())
+        job_bytes = Path(args.home, JOB).read_bytes()
+        job = json.loads(job_bytes)
         evaluator = job["evaluator"]
         module = _entry(args.entry)
         module.preload(evaluator)
@@ -362,7 +386,7 @@ def main(argv=None) -> int:
         cache = {"cache": Path(args.home, CACHE)} if job.get("cache") else {}
         score = module.score(evaluator, host.http, **cache)
         try:
-            answer = {"score": float(score)}
+            answer = {"score": float(score), "job": sha256(job_bytes)}
         except (TypeError, ValueError, OverflowError):
             answer = {"error": "NotAScore"}
     except Exception as e:  # anything a metric raises is a failed check, named by its type

@@ -19,6 +19,7 @@ run (its host counts a failed check), never runs unconfined. The standard librar
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -28,10 +29,15 @@ import socket
 import stat
 import struct
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 
 NOBODY = 65534  # nobody / nogroup
+# The uids (and gids) a root host gives its checkers, one each while it runs (`checker_ids`), so
+# that two checkers side by side are two users: neither can read or write the other's folder.
+# Above any account a distribution makes, below the 2^31 some tools choke on.
+CHECKER_IDS = range(2_000_000_000, 2_000_000_000 + 4096)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -67,6 +73,30 @@ class Limits:
 
 class ConfinementError(RuntimeError):
     """The kernel refused a step of the confinement; the checker must not run."""
+
+
+@contextlib.contextmanager
+def checker_ids(folder: str | None = None):
+    """A uid of `CHECKER_IDS` no other checker on this machine holds, held (a lock file of its
+    own, flock'd) until the block ends: every process of every host takes its checkers' ids
+    from the same folder, root's alone."""
+    folder = folder or os.path.join(tempfile.gettempdir(), "envab-checker-ids")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if os.stat(folder).st_uid != os.geteuid() or os.stat(folder).st_mode & 0o077:
+        raise ConfinementError(f"{folder}: not this host's own folder (mode 0700)")
+    for uid in CHECKER_IDS:
+        fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # the lock goes with it
+        return
+    raise ConfinementError(f"every one of {len(CHECKER_IDS)} checker ids is in use")
 
 
 @cache
