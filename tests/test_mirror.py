@@ -230,7 +230,7 @@ def test_a_sparse_member_is_refused(tmp_path):
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
         tar.addfile(_sized(_file("files.json"), good_map), io.BytesIO(good_map))
         tar.addfile(_sized(sparse, data), io.BytesIO(data))
-    with pytest.raises(MirrorError):
+    with pytest.raises(MirrorError, match="a sparse member"):
         unpack(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
