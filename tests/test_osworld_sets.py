@@ -80,10 +80,11 @@ def freeze(root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_unless_the_rule_says_runnable_only_every_task_it_cannot_score_is_named(tmp_path):
     root = write_set(tmp_path / "set")
-    with pytest.raises(TaskSourceError, match=r"is also examples/chrome/shared-1.json"):
-        load_dir(root, root / "test_all.json")  # no rule: as before rules, refused
+    with pytest.raises(TaskSourceError, match="task unsafe-1: metric 'check_gnome_favorite_apps'"):
+        load_dir(root, root / "test_all.json")  # no rule: the unscorable task refuses
     result = freeze(root, tmp_path / "out")
-    assert result.returncode == 2 and "is also examples/chrome/shared-1.json" in result.stderr
+    assert result.returncode == 2 and "task unsafe-1" in result.stderr
+    assert "shared-1" not in result.stderr  # two contents under one id: renamed, not refused
     rule = {"runnable": False}
     result = freeze(root, tmp_path / "out", "--select", json.dumps(rule))
     assert result.returncode == 2 and not (tmp_path / "out" / "tasks.jsonl").exists()
@@ -142,9 +143,15 @@ def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out
     assert copies == sorted(str(p.relative_to(root)) for p in root.glob("examples/*/*.json"))
 
 
-def test_a_file_without_config_has_no_set_up_and_one_id_with_two_contents_is_two_tasks(tmp_path):
-    root = write_set(tmp_path / "set")
-    frozen = load_dir(root, root / "test_all.json", strict=False)
+@pytest.mark.parametrize("strict", [False, True], ids=["under a rule", "strict"])
+def test_a_file_without_config_has_no_set_up_and_one_id_with_two_contents_is_two_tasks(
+    tmp_path, strict
+):
+    # strict refuses an unscorable task, never two contents under one id: a set without the
+    # unscorable one freezes as it is, the collision renamed
+    scorable = {**SET, "os": [t for t in SET["os"] if t["id"] != "unsafe-1"]}
+    root = write_set(tmp_path / "set", scorable if strict else SET)
+    frozen = load_dir(root, root / "test_all.json", strict=strict)
     by_id = {t.task["id"]: t for t in frozen.tasks}
     infeasible = by_id["infeasible-1"].task
     assert infeasible["config"] == [] and infeasible["defaulted"] == ["config"]

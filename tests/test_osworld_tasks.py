@@ -211,13 +211,6 @@ MALFORMED = {
         lambda root, _: _edit_json(_task_file(root, "os", 1), lambda t: t.update(id="renamed")),
         "its id 'renamed' is not its file name",
     ),
-    "one id, two contents": (
-        lambda root, _: _edit_json(
-            root / "examples" / "os" / f"{shared_id()}.json",
-            lambda t: t.update(instruction="Something else."),
-        ),
-        "is also examples/multi_apps/",
-    ),
     "listed, no file": (
         lambda root, listing: listing["os"].append("0000-missing"),
         "listed in the index under os, but no such file",

@@ -223,12 +223,8 @@ def load_dir(root: str | Path, index: str | Path | None = None, strict: bool = T
         if task["id"] != tid:
             raise TaskSourceError(f"{origin}: its id {task['id']!r} is not its file name")
         named_by.setdefault(tid, []).append(domain)
-        if tid in by_id:
-            if any(t.raw == raw for t in by_id[tid]):
-                continue
-            if strict:
-                first = by_id[tid][0].origin
-                raise TaskSourceError(f"{origin}: id {tid} is also {first}, with other content")
+        if tid in by_id and any(t.raw == raw for t in by_id[tid]):
+            continue
         defaulted = sorted(key for key in DEFAULTS if key not in task)
         task.update({key: json.loads(json.dumps(DEFAULTS[key])) for key in defaulted})
         task.update(domain=domain, source_sha256=sha256_bytes(raw))
@@ -241,9 +237,10 @@ def load_dir(root: str | Path, index: str | Path | None = None, strict: bool = T
         if len(domains) > 1 and len(by_id[tid]) == 1
     ]
     # One id, several contents (OSWorld's test_all.json has eleven: each a chrome task and a
-    # thunderbird task; OSWorld names a task by its domain and id together). Under a rule
-    # (strict off) each is kept under `<domain>.<id>`, the frozen line saying its file's id in
-    # `source_id`: the frozen set, its split and receipts need one id a task.
+    # thunderbird task; OSWorld names a task by its domain and id together). Each is kept under
+    # `<domain>.<id>`, the frozen line saying its file's id in `source_id`, and the report lists
+    # them (`duplicates`): the frozen set, its split and receipts need one id a task, and
+    # OSWorld's own folder freezes as it is.
     tasks, ids = [], {tid for tid, variants in by_id.items() if len(variants) == 1}
     for tid, variants in sorted(by_id.items()):
         if len(variants) == 1:
