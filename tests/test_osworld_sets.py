@@ -262,3 +262,37 @@ def test_the_workflow_freezes_what_the_registered_rule_selects(workflow):
                          "left_out": 6, "loaded": 11}  # fmt: skip
     assert receipt["predicate"]["tasks"] == 5
     assert any(s["name"].endswith("tasks/index.json") for s in receipt["subject"])
+
+
+def test_the_noop_rule_reads_every_play_and_names_a_task_whose_plays_disagree():
+    from envab.envs.tasks.osworld import check_noop_record, noop_gaps
+
+    def entry(*scores):
+        plays = [{"score": s, "valid": s is not None, "verdict": "valid"} for s in scores]
+        return {**plays[0], "plays": plays}
+
+    record = check_noop_record(
+        {
+            "image": "full",
+            "tasks": {
+                "steady-0": {"gvisor": entry(0.0, 0.0, 0.0), "qemu": entry(0.0, 0.0, 0.0)},
+                "steady-1": {"gvisor": entry(1.0, 1.0, 1.0), "qemu": entry(1.0, 1.0, 1.0)},
+                "flips": {"gvisor": entry(1.0, 0.0, 0.0), "qemu": entry(0.0, 0.0, 0.0)},
+                "once": {"gvisor": {"score": 0.0, "valid": True}, "qemu": entry(0.0)},
+                "broken": {"gvisor": entry(0.0, None, 0.0), "qemu": entry(0.0, 0.0, 0.0)},
+            },
+        },
+        "full",
+    )
+    reasons = {tid: sorted({r for r, _ in noop_gaps(record, tid, 3)}) for tid in record["tasks"]}
+    assert reasons == {
+        "steady-0": [],
+        "steady-1": ["noop:scores_1"],
+        "flips": ["noop:nondeterministic"],
+        "once": ["noop:unchecked"],  # one play where the rule reads three
+        "broken": ["noop:invalid"],
+    }
+    # one play a sandbox, as before: the flip would not have been seen
+    assert noop_gaps(record, "once", 1) == []
+    with pytest.raises(TaskSourceError, match="noop_plays"):
+        check_rule({"noop": "exclude", "noop_plays": 0})

@@ -14,6 +14,7 @@ import shutil
 import socket
 import threading
 import types
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -479,3 +480,76 @@ def test_a_name_that_rebinds_to_loopback_after_its_check_reaches_nothing(tmp_pat
     assert refused.value.reason == "file:private_host"
     assert "127.0.0.1 when connecting" in str(refused.value)
     assert len(calls) >= 2 and got == []
+
+
+class DriveShaped(BaseHTTPRequestHandler):
+    """A loopback host answering as Google Drive does: a small file directly; a large one with
+    its virus-scan page, whose form confirms the download; a file that is gone with a page
+    that confirms nothing."""
+
+    files = {"small": b"a small file\n", "large": b"a large file, past the scan\n"}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        name = query.get("id")
+        if url.path == "/uc" and name == "small":
+            return self._send(200, "application/octet-stream", self.files["small"])
+        if url.path == "/uc" and name == "large":
+            page = (
+                "<html><body><p>Google Drive can't scan this file for viruses.</p>"
+                '<form id="download-form" action="/download" method="get">'
+                '<input type="hidden" name="id" value="large">'
+                '<input type="hidden" name="export" value="download">'
+                '<input type="hidden" name="confirm" value="t">'
+                '<input type="hidden" name="uuid" value="0f1e2d3c">'
+                '<input type="submit" value="Download anyway"></form></body></html>'
+            )
+            return self._send(200, "text/html; charset=utf-8", page.encode())
+        if url.path == "/download" and query.get("confirm") == "t" and name == "large":
+            return self._send(200, "application/octet-stream", self.files["large"])
+        return self._send(200, "text/html", b"<html><body>Sign in to continue</body></html>")
+
+    def _send(self, status: int, kind: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("host", ["drive.google.com", "drive.usercontent.google.com"])
+def test_google_drive_is_followed_past_its_scan_page_and_a_page_is_never_a_file(
+    tmp_path, monkeypatch, host
+):
+    from envab.envs.tasks.fetch import Limits, Unfetchable, fetch_url
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DriveShaped)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    real = socket.getaddrinfo
+
+    def drive_here(name, *args, **kwargs):  # the Drive host, answered on loopback
+        if name == host:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", drive_here)
+    limits = Limits(allow_private_hosts=True)  # the stand-in host is on loopback
+    base = f"http://{host}:{port}/uc?export=download&id="
+    try:
+        small = fetch_url(base + "small", tmp_path, limits)
+        large = fetch_url(base + "large", tmp_path, limits)
+        with pytest.raises(Unfetchable) as gone:
+            fetch_url(base + "gone", tmp_path, limits)
+    finally:
+        server.shutdown()
+    assert small["sha256"] == hashlib.sha256(DriveShaped.files["small"]).hexdigest()
+    assert large["sha256"] == hashlib.sha256(DriveShaped.files["large"]).hexdigest()
+    assert gone.value.reason == "file:drive_page"
+    # what was stored is the two files, never a page
+    stored = {p.name for p in tmp_path.iterdir()}
+    assert stored == {small["sha256"], large["sha256"]}

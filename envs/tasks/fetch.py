@@ -7,9 +7,15 @@ Bounded, since a task file is untrusted: http and https only, redirects only to 
 (at most MAX_REDIRECTS), at most `max_file_bytes` a file and `max_total_bytes` for the set, and a
 total deadline for each fetch.
 
+Google Drive (where most of OSWorld's files live) answers a large file with an HTML page, its
+virus-scan warning, not the file: on a Drive host (`DRIVE_HOSTS`) an HTML answer is never stored;
+its confirmation form is followed once (`drive_confirmation`), and an HTML answer after that is
+refused (`file:drive_page`).
+
 What a task's files can be refused for, by name (the per-task report's reasons): `file:scheme`
 (not http or https), `file:missing` (an HTTP error such as 404, no network, not in the mirror),
-`file:too_large`, `file:malformed` (a download step or cloud_file getter not in OSWorld's form).
+`file:too_large`, `file:drive_page` (Google Drive answered a page, not the file),
+`file:malformed` (a download step or cloud_file getter not in OSWorld's form).
 Under a registered rule with `runnable: true` such a task is left out and reported; otherwise it
 refuses the freeze (`envs/tasks/osworld.py`, `select`). A file whose bytes differ from the digest
 a registered map expects for its URL (`expect`) always refuses the freeze, naming the task, the
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import html
+import html.parser
 import http.client
 import ipaddress
 import os
@@ -32,6 +40,7 @@ import socket
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +54,10 @@ from envab.hashing import sha256_file
 
 MIB = 2**20
 MAX_REDIRECTS = 5
+# Google Drive's hosts: an HTML answer from one is its virus-scan page (or a sign-in page), never
+# the file a task names.
+DRIVE_HOSTS = frozenset({"drive.google.com", "drive.usercontent.google.com", "docs.google.com"})
+DRIVE_PAGE_BYTES = MIB  # the most of a Drive page read to find its confirmation form
 CHUNK = MIB
 STALL_S = 60.0  # the longest one read may wait for bytes
 
@@ -120,6 +133,82 @@ class Unfetchable(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
+
+
+class _Form(html.parser.HTMLParser):
+    """The first form of a page that carries a `confirm` (Drive's download warning): its action
+    and hidden fields; or the page's `uc-download-link` (Drive's older page)."""
+
+    def __init__(self):
+        super().__init__()
+        self.action: str | None = None
+        self.fields: dict[str, str] = {}
+        self.link: str | None = None
+        self._in_form = False
+        self._done = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = {k: v or "" for k, v in attrs}
+        if self._done:
+            return
+        if tag == "form":
+            self._in_form, self.action, self.fields = True, attrs.get("action"), {}
+        elif tag == "input" and self._in_form and attrs.get("name"):
+            self.fields[attrs["name"]] = attrs.get("value", "")
+        elif tag == "a" and attrs.get("id") == "uc-download-link" and self.link is None:
+            self.link = attrs.get("href")
+
+    def handle_endtag(self, tag):
+        if tag == "form" and self._in_form:
+            self._in_form = False
+            self._done = "confirm" in self.fields
+
+
+def drive_confirmation(page: bytes, base: str) -> str | None:
+    """The URL Drive's download-warning page confirms the download at (its form's action with
+    its fields, or its download link), resolved against the page's own URL; None where the page
+    has neither (a sign-in page, a file that is gone)."""
+    form = _Form()
+    form.feed(page.decode("utf-8", "replace"))
+    if form.action and "confirm" in form.fields:
+        return urllib.parse.urljoin(base, form.action) + "?" + urllib.parse.urlencode(form.fields)
+    if form.link:
+        return urllib.parse.urljoin(base, html.unescape(form.link))
+    return None
+
+
+def _drive_page(reply, url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    kind = reply.headers.get("Content-Type", "")
+    return host in DRIVE_HOSTS and kind.split(";", 1)[0].strip().lower() == "text/html"
+
+
+def _open_file(opener, url: str, wait: float):
+    """The reply that carries `url`'s file: Drive's download-warning page followed once, an HTML
+    answer from Drive never taken for the file (Unfetchable file:drive_page)."""
+    request = urllib.request.Request(url, headers={"User-Agent": "env-ab-freeze"})
+    reply = opener.open(request, timeout=wait)
+    if not _drive_page(reply, reply.geturl()):
+        return reply
+    with reply:
+        page = reply.read(DRIVE_PAGE_BYTES)
+        confirmed = drive_confirmation(page, reply.geturl())
+    if confirmed is None or problem(confirmed):
+        raise Unfetchable(
+            "file:drive_page",
+            "Google Drive answered a page, not the file, with no download to confirm (a sign-in "
+            "page, or a file that is gone)",
+        )
+    again = opener.open(
+        urllib.request.Request(confirmed, headers={"User-Agent": "env-ab-freeze"}), timeout=wait
+    )
+    if _drive_page(again, again.geturl()):
+        again.close()
+        raise Unfetchable(
+            "file:drive_page",
+            "Google Drive answered a page again after its download was confirmed; nothing stored",
+        )
+    return again
 
 
 class PrivateAddress(OSError):
@@ -360,10 +449,9 @@ def fetch_url(
     fd, tmp = tempfile.mkstemp(prefix=".part-", dir=store)
     try:
         with os.fdopen(fd, "wb") as f:
-            request = urllib.request.Request(url, headers={"User-Agent": "env-ab-freeze"})
             # the socket's timeout bounds one wait; the deadline is checked after each read
             wait = min(_left(deadline, limits), STALL_S)
-            with opener.open(request, timeout=wait) as reply:
+            with _open_file(opener, url, wait) as reply:
                 length = reply.headers.get("Content-Length")
                 if length and length.isdigit() and int(length) > limits.max_file_bytes:
                     raise Unfetchable("file:too_large", too_large(int(length), limits))

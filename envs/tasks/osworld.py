@@ -321,7 +321,7 @@ def load_jsonl(path: str | Path, strict: bool = True) -> Frozen:
 
 # --- the registered rule that chooses the frozen subset -----------------------------------------
 
-RULE_KEYS = {"domains", "runnable", "noop"}
+RULE_KEYS = {"domains", "runnable", "noop", "noop_plays"}
 NOOP_RULES = ("exclude",)
 
 
@@ -330,7 +330,8 @@ def check_rule(rule: Any) -> dict:
     to keep (absent: all); `runnable`, true to leave out, and report, every task the arms'
     world cannot set up or score (false or absent: such a task refuses the whole freeze);
     `noop: exclude`, to leave out every task whose untouched desktop already scores 1 (`noop`
-    in `select`)."""
+    in `select`); `noop_plays`, how many no-op plays per sandbox that rule reads (default 1): a
+    task played fewer times is unchecked, one whose plays disagree is nondeterministic."""
     if not isinstance(rule, Mapping) or set(rule) - RULE_KEYS:
         raise TaskSourceError(f"select: a rule is an object with keys among {sorted(RULE_KEYS)}")
     doms = rule.get("domains")
@@ -342,6 +343,9 @@ def check_rule(rule: Any) -> dict:
         raise TaskSourceError("select.runnable must be true or false")
     if "noop" in rule and rule["noop"] not in NOOP_RULES:
         raise TaskSourceError(f"select.noop must be one of {list(NOOP_RULES)}")
+    plays = rule.get("noop_plays", 1)
+    if not isinstance(plays, int) or isinstance(plays, bool) or plays < 1:
+        raise TaskSourceError("select.noop_plays must be a whole number of plays, at least 1")
     return dict(rule)
 
 
@@ -356,12 +360,17 @@ def check_noop_record(record: Any, image: str) -> dict:
     if record.get("image") != image:
         raise TaskSourceError(f"the no-op record was played on the {record.get('image')!r} "
                               f"image, the freeze judges the {image!r} one")  # fmt: skip
+
+    def one(p) -> bool:
+        return isinstance(p, Mapping) and "score" in p and isinstance(p.get("valid"), bool)
+
     for tid, plays in record["tasks"].items():
         if (
             not isinstance(plays, Mapping)
             or not plays
+            or not all(one(p) for p in plays.values())
             or not all(
-                isinstance(p, Mapping) and "score" in p and isinstance(p.get("valid"), bool)
+                isinstance(p.get("plays", [p]), list) and all(map(one, p.get("plays", [p])))
                 for p in plays.values()
             )
         ):
@@ -370,18 +379,29 @@ def check_noop_record(record: Any, image: str) -> dict:
     return dict(record)
 
 
-def noop_gaps(record: Mapping, task_id: str) -> list[tuple[str, str]]:
+def noop_gaps(record: Mapping, task_id: str, needed: int = 1) -> list[tuple[str, str]]:
     """Why the no-op record keeps `task_id` out under `noop: exclude`: its untouched desktop
-    scored 1 on a sandbox (`noop:scores_1`), its no-op could not be played or scored validly
-    (`noop:invalid`: the set-up failed there), or it was never played (`noop:unchecked`)."""
-    plays = record["tasks"].get(task_id)
-    if plays is None:
+    scored 1 on a sandbox (`noop:scores_1`), its plays there disagree (`noop:nondeterministic`:
+    one play cannot decide such a task), its no-op could not be played or scored validly
+    (`noop:invalid`: the set-up failed there), or it was not played, or fewer times than the
+    rule's `needed` plays (`noop:unchecked`). A sandbox's entry holds its plays under `plays`
+    (bench/noop_check.py --plays), or is one play itself."""
+    by_sandbox = record["tasks"].get(task_id)
+    if by_sandbox is None:
         return [("noop:unchecked", "its no-op was not played (not in the no-op record)")]
     gaps = []
-    for sandbox, p in sorted(plays.items()):
-        if not p["valid"] or p["score"] is None:
+    for sandbox, entry in sorted(by_sandbox.items()):
+        plays = entry.get("plays", [entry])
+        scores = sorted({p["score"] for p in plays if p["valid"] and p["score"] is not None})
+        if len(plays) < needed:
+            gaps.append(("noop:unchecked", f"its no-op was played {len(plays)} time(s) on "
+                                           f"{sandbox}, the rule reads {needed}"))  # fmt: skip
+        elif any(not p["valid"] or p["score"] is None for p in plays):
             gaps.append(("noop:invalid", f"its no-op on {sandbox} was not a valid play"))
-        elif p["score"] >= 1.0:
+        elif len(scores) > 1:
+            gaps.append(("noop:nondeterministic", f"its no-op on {sandbox} scored {scores} in "
+                                                  f"{len(plays)} plays"))  # fmt: skip
+        elif scores[0] >= 1.0:
             gaps.append(("noop:scores_1", f"its untouched desktop scores 1 on {sandbox}"))
     return _unique(gaps)
 
@@ -476,7 +496,7 @@ def select(
             worlds = {w: [*reasons, *gaps] for w, reasons in worlds.items()}
             blocking = [*blocking, *gaps]
         noop_out = rule.get("noop") == "exclude" and wanted and not blocking
-        if noop_out and (gaps := noop_gaps(noop, t.task["id"])):
+        if noop_out and (gaps := noop_gaps(noop, t.task["id"], rule.get("noop_plays", 1))):
             worlds = {w: [*reasons, *gaps] for w, reasons in worlds.items()}
             blocking = [*blocking, *gaps]
         chosen = wanted and not blocking
