@@ -129,6 +129,19 @@ class Workflow:
         if not (self.root / "receipts" / exp / "preregistration.json").is_file():
             (path.parent / "anchors" / f"{exp}.json").unlink(missing_ok=True)
 
+    def tiny_recipe(self) -> None:
+        """The tests' small recipe: 32 tasks (24 to train on, 8 held out), a warm start of two
+        steps, GRPO steps of 2 prompts x 2 generations, one turn of at most 64 tokens."""
+
+        def config(c):
+            c["tasks"]["factory"]["per_family"] = 32
+            c["training"]["sft"].update(steps=2, batch_size=4)
+            c["training"]["grpo"].update(
+                num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
+            )
+
+        self.edit_config(config)
+
     def embedded_arms(self) -> None:
         """Both arms on the embedded host (a restore per rollout against a fork): the whole
         pipeline without QEMU, fault switches included. The QEMU arm has tests of its own."""

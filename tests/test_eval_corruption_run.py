@@ -22,13 +22,6 @@ pytestmark = pytest.mark.integration
 def judged(tmp_path_factory, make_workflow):
     workflow = make_workflow(tmp_path_factory.mktemp("eval-corruption"))
 
-    def config(c):
-        c["tasks"]["factory"]["per_family"] = 32
-        c["training"]["sft"].update(steps=2, batch_size=4)
-        c["training"]["grpo"].update(
-            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
-        )
-
     def target(t):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=4)
         # Greedy, two evaluation seeds: a task's two episodes send the same actions, so the
@@ -41,7 +34,7 @@ def judged(tmp_path_factory, make_workflow):
         ]
 
     workflow.embedded_arms()
-    workflow.edit_config(config)
+    workflow.tiny_recipe()
     workflow.edit_target(target)
     result = workflow.snakemake(f"{RESULTS}/controls.json", timeout=1500)
     logs = "".join(p.read_text()[-2000:] for p in (workflow.root / "logs").rglob("*.log"))

@@ -23,12 +23,9 @@ def two_processes(tmp_path_factory, make_workflow):
     workflow = make_workflow(tmp_path_factory.mktemp("ranks"))
     workflow.embedded_arms()
 
+    workflow.tiny_recipe()
+
     def config(c):
-        c["tasks"]["factory"]["per_family"] = 32
-        c["training"]["sft"].update(steps=2, batch_size=4)
-        c["training"]["grpo"].update(
-            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
-        )
         c["training"]["compute"] = {"processes": 2}
 
     def target(t):

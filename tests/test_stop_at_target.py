@@ -107,13 +107,6 @@ def stopped(tmp_path_factory, make_workflow):
     workflow = make_workflow(tmp_path_factory.mktemp("stop"))
     workflow.embedded_arms()
 
-    def config(c):
-        c["tasks"]["factory"]["per_family"] = 32
-        c["training"]["sft"].update(steps=2, batch_size=4)
-        c["training"]["grpo"].update(
-            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
-        )
-
     def target(t):
         t["target"].update(threshold=0.0, crossing={"rule": "first_crossing"})
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8, stop_at_target=True)
@@ -122,7 +115,7 @@ def stopped(tmp_path_factory, make_workflow):
         for key in ("controls", "control_seeds", "confirmation", "equivalence"):
             t.pop(key, None)
 
-    workflow.edit_config(config)
+    workflow.tiny_recipe()
     workflow.edit_target(target)
     result = workflow.snakemake("--cores", "2", "arm=drums", timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]

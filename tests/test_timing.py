@@ -18,13 +18,6 @@ def timed(tmp_path_factory, make_workflow):
     workflow = make_workflow(tmp_path_factory.mktemp("timing"))
     workflow.embedded_arms()
 
-    def config(c):
-        c["tasks"]["factory"]["per_family"] = 32
-        c["training"]["sft"].update(steps=2, batch_size=4)
-        c["training"]["grpo"].update(
-            num_generations=2, prompts_per_step=2, max_turns=1, max_completion_length=64
-        )
-
     def target(t):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8, stop_at_target=False)
         t["evaluation"].update(checkpoint_interval=4, seeds=[0])
@@ -47,7 +40,7 @@ def timed(tmp_path_factory, make_workflow):
             "max_reruns": 0,
         }
 
-    workflow.edit_config(config)
+    workflow.tiny_recipe()
     workflow.edit_target(target)
     result = workflow.snakemake("--cores", "2", timeout=1500)
     assert result.returncode == 0, result.stderr[-4000:]
