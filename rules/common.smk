@@ -14,7 +14,7 @@ from envab.config import load_config, select, selected_runs, selection_name, sel
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
 from envab.receipts import FREEZE_RECEIPTS
-from envab.analysis.blocks import block_seed
+from envab.trainer.timing import block_seed
 from envab.run_receipts import training_receipt_name
 from envab.schema import ConfigError
 from envab.trainer.compute import compute_settings, launcher

@@ -43,6 +43,7 @@ def shrink_timing(target: dict, window: int) -> None:
             blocks=2,
             window_valid_trajectories=window,
             max_outside_load=1.0,
+            max_load_difference=1.0,
             max_steal=1.0,
             max_reruns=0,
         )

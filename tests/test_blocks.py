@@ -1,5 +1,5 @@
-"""The timing blocks' rules (analysis/blocks.py): the registered order, the admissibility rule,
-and the paired speed ratio, each shown flipping on the input that should flip it."""
+"""The timing blocks' rules (trainer/timing.py, analysis/blocks.py): the registered order, the
+load rule, and the paired speed ratio, each shown flipping on the input that should flip it."""
 
 from __future__ import annotations
 
@@ -8,14 +8,8 @@ import random
 
 import pytest
 
-from envab.analysis.blocks import (
-    block_order,
-    blocked_ratio,
-    inadmissible,
-    judge_blocks,
-    trimmed,
-    unequal_load,
-)
+from envab.analysis.blocks import blocked_ratio, judge_blocks, trimmed
+from envab.trainer.timing import block_order, inadmissible, unequal_load
 
 
 def test_pairs_of_blocks_run_abba_in_an_order_the_seed_fixes():

@@ -38,6 +38,8 @@ RUNTIME = {
     "ForkUnsupported": "a backend that cannot fork: the caller creates sessions instead",
     "GateFailed": "a QEMU environment failed a gate: its episode is invalid",
     "NonConformance": "a backend broke the session protocol: a conformance test's failure",
+    "PrivateAddress": "a fetch's name resolved to a private address when connecting (DNS "
+    "rebinding): reported as the URL's file:private_host",
     "Quarantined": "an environment that failed a gate is asked to fork: answered 409",
     "SetupError": "a set-up step cannot run in the guest: the set-up gate fails",
     "Unavailable": "the X desktop cannot serve an evaluator's getter or metric: a gate fails",

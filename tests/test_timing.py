@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from envab.analysis.blocks import block_order
+from envab.trainer.timing import block_order
 
 
 @pytest.fixture(scope="module")

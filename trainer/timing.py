@@ -25,14 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from envab import preregistration
-from envab.analysis.blocks import block_order, block_seed, inadmissible, unequal_load
 from envab.errors import Refusal
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
@@ -41,6 +42,56 @@ from envab.progress import job_console
 
 PSI_CPU = Path("/proc/pressure/cpu")
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def block_order(arms: Sequence[str], blocks: int, seed: int) -> list[tuple[str, ...]]:
+    """The order the arms run in, block by block: each pair of blocks runs an order drawn from
+    `seed` and then its reverse (ABBA or BAAB with two arms); an odd last block, a drawn order."""
+    rng = random.Random(seed)
+    orders: list[tuple[str, ...]] = []
+    while len(orders) < blocks:
+        first = list(arms)
+        rng.shuffle(first)
+        orders.append(tuple(first))
+        if len(orders) < blocks:
+            orders.append(tuple(reversed(first)))
+    return orders
+
+
+def block_seed(seeds: Sequence[int], block: int) -> int:
+    """The training seed block `block` (from 0) replays."""
+    return seeds[block % len(seeds)]
+
+
+def inadmissible(window: dict, max_outside_load: float, max_steal: float) -> str | None:
+    """Why one arm's timed window does not count (None: it does): more CPU time from outside the
+    run than `max_outside_load` of the machine's, or more steal than `max_steal`, or a run that
+    did not finish its window."""
+    if window.get("exit") != 0:
+        return f"the run exited {window.get('exit')}"
+    if not window.get("valid_trajectories"):
+        return "no valid trajectory in the window"
+    if window["outside_load"] is not None and window["outside_load"] > max_outside_load:
+        return f"outside load {window['outside_load']:.2f} > {max_outside_load:g}"
+    if window["steal_fraction"] is not None and window["steal_fraction"] > max_steal:
+        return f"steal {window['steal_fraction']:.2f} > {max_steal:g}"
+    return None
+
+
+def unequal_load(windows: dict[str, dict], max_load_difference: float) -> str | None:
+    """Why a block's arms did not run under the same load (None: they did): their windows'
+    outside loads differ by more than `max_load_difference`. Steady load beside every arm is a
+    condition the block measures under; load that came and went between the arms is not."""
+    loads = {
+        arm: w["outside_load"] for arm, w in windows.items() if w.get("outside_load") is not None
+    }
+    if len(loads) < 2:
+        return None
+    spread = max(loads.values()) - min(loads.values())
+    if spread > max_load_difference:
+        said = ", ".join(f"{arm} {load:.2f}" for arm, load in sorted(loads.items()))
+        return f"outside load differs by {spread:.2f} > {max_load_difference:g} ({said})"
+    return None
 
 
 def _psi_some_us() -> int | None:
