@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from pathlib import Path
 
 from envab.hashing import aggregate_digest, sha256_file
+from envab.receipts import git
 
 # Patterns relative to the repository (the folder of the Snakefile). `reward` names files that
 # `envs` holds too: it is the group the arms' pins compare by name.
@@ -45,14 +45,6 @@ def uncommitted(paths: list[str]) -> list[str] | None:
     commit, by git's own blob digest: edited, or not in the commit at all. A freeze on a dirty
     tree is recorded with them, never hidden. None outside a git checkout."""
 
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(
-                ["git", *args], capture_output=True, text=True, timeout=60, check=True
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-
     top = git("rev-parse", "--show-toplevel")
     tree = git("ls-tree", "-r", "--full-tree", "HEAD")
     if top is None or tree is None:
@@ -61,7 +53,7 @@ def uncommitted(paths: list[str]) -> list[str] | None:
     for line in tree.splitlines():
         meta, _, name = line.partition("\t")
         committed[name] = meta.split()[-1]
-    root = Path(top.strip())
+    root = Path(top)
     dirty = []
     for path in paths:
         data = Path(path).read_bytes()

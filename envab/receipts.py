@@ -28,22 +28,24 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def git(*args: str, root: str | Path = ".", timeout: float = 60) -> str | None:
+    """What `git <args>` prints in `root` (stripped), or None outside a checkout or on failure."""
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=timeout, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
 def repo_commit(root: str | Path = ".") -> dict:
     """The git commit the code came from, and whether the work tree had changes; nulls if none."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
+    commit = git("rev-parse", "HEAD", root=root, timeout=10)
     if not commit:
         return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    changes = git("status", "--porcelain", "--untracked-files=no", root=root, timeout=10)
+    return {"commit": commit, "dirty": bool(changes)}
 
 
 def subject(path: str | Path, digest: str | None = None) -> dict:
