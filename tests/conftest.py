@@ -202,6 +202,7 @@ FIRST = (
     "test_multiturn_xdesktop.py",
     "test_agent.py",
     "test_ranks.py",
+    "test_ordinary_user.py",  # a registration run as an ordinary user
 )
 
 

@@ -3,18 +3,23 @@ libseccomp: probes run inside a confined environment (a fork of a confined zygot
 makes them) and each is compared with the same probe outside, so a probe that passes only
 because the machine lacks the thing it looks for fails here; then the host itself: a fork group
 that plays a task with its oracle, and a wedged environment killed from outside by its host pid.
-Each test needs bwrap, libseccomp and root; without them it skips with the reason."""
+Each test needs bwrap and libseccomp, and root or an ordinary user's user namespaces; without
+them it skips with the reason. Run as root, the last test runs the others again as an ordinary
+user (tests/ordinary_user.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import ordinary_user
 import pytest
 
 import envab
@@ -67,7 +72,9 @@ def probe(port, host_pid, secrets, package):  # uses sys.argv[1]: "in" or "out"
         "capabilities": status["CapEff"].strip(),
         "no_new_privs": status["NoNewPrivs"].strip(),
         "seccomp": status["Seccomp"].strip(),
-        "kill_init": attempt(lambda: os.kill(1, 0) or "ok"),
+        # Another process: outside, the test's own (anyone may signal their own); inside, the
+        # sandbox's init (the filter refuses kill whatever the target).
+        "kill_other": attempt(lambda: os.kill(host_pid if sys.argv[1] == "out" else 1, 0) or "ok"),
         "cpu_s": resource.getrlimit(resource.RLIMIT_CPU)[0],
         # Only inside: outside, these would write the host's root, replace the probe, take
         # 3 GiB, fill /tmp.
@@ -122,7 +129,7 @@ def test_a_confined_environment_has_no_network_no_host_pids_a_read_only_root_and
     token.write_text("s3cret\n")
     # A token beside the run, the machine's accounts, this checkout's own README: none is there.
     readme = Path(envab.__file__).resolve().parents[1] / "README.md"
-    secrets = [str(token), "/etc/shadow", str(readme)]
+    secrets = [str(token), "/etc/passwd", str(readme)]  # each one readable outside, by anyone
     try:
         outside = run_probe(False, port, secrets)
         inside = run_probe(True, port, secrets)
@@ -132,7 +139,7 @@ def test_a_confined_environment_has_no_network_no_host_pids_a_read_only_root_and
     assert outside["connect"] == "ok"
     assert outside["host_pid_seen"] is True
     assert outside["secrets"] == ["read"] * 3
-    assert outside["seccomp"] == "0" and outside["kill_init"] == "ok"
+    assert outside["seccomp"] == "0" and outside["kill_other"] == "ok"
     # Inside: nothing of it.
     assert inside["connect"] == "EPERM"  # sockets other than Unix ones are refused
     assert inside["interfaces"] == ["lo"]  # and the network namespace has only its own loopback
@@ -146,7 +153,7 @@ def test_a_confined_environment_has_no_network_no_host_pids_a_read_only_root_and
         "1",
         "2",
     )
-    assert (inside["exec"], inside["kill_init"]) == ("EPERM", "EPERM")
+    assert (inside["exec"], inside["kill_other"]) == ("EPERM", "EPERM")
     assert inside["memory_3gib"] == "MemoryError"  # the address-space limit, 2 GiB
     assert inside["cpu_s"] == namespaces.ENV_CPU_S
     assert inside["file_65mib"] == "EFBIG"  # one file: 64 MiB
@@ -203,7 +210,10 @@ def test_the_host_sees_each_environment_confined_and_kills_a_wedged_one_by_its_h
         pid = namespaces.host_pid(pool._zygote_proc.pid, inner)
         assert pid is not None and pid != inner
         status = _status(pid)
-        assert status["Uid"][:1] == ["65534"] and status["Seccomp"] == ["2"]
+        # Root's zygote dropped to nobody; an ordinary user's is the user to the host (nobody in
+        # its user namespace).
+        host_uid = namespaces.NOBODY if os.geteuid() == 0 else os.getuid()
+        assert status["Uid"][:1] == [str(host_uid)] and status["Seccomp"] == ["2"]
         assert status["NSpid"][-1] == str(inner)  # a pid namespace of its own
         for ns in ("net", "pid", "mnt", "ipc", "uts"):  # none of the host's namespaces
             assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
@@ -218,3 +228,48 @@ def test_the_host_sees_each_environment_confined_and_kills_a_wedged_one_by_its_h
         assert pool.create(task)["valid"]  # the host and its sandbox go on
     finally:
         pool.stop()
+
+
+@needs_namespaces
+@pytest.mark.skipif(
+    ordinary_user.why_not_here() is not None, reason=str(ordinary_user.why_not_here())
+)
+def test_an_ordinary_user_gets_the_same_sandbox_without_root(tmp_path):
+    """The tests above again, as an ordinary user: bwrap makes a user namespace whose one id,
+    nobody, is the user's own, and everything else holds as it does for root."""
+    home = ordinary_user.own(Path(tempfile.mkdtemp(prefix="envab-user-")))
+    try:
+        done = ordinary_user.run(
+            [sys.executable, "-m", "pytest", __file__, "-n", "0", "-p", "no:cacheprovider",
+             "-k", "not ordinary_user", "--basetemp", str(home / "pytest"), "-q"],
+            home=home, cwd=Path(__file__).parent.parent, timeout=600,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "3 passed" in out and "skipped" not in out, out[-2000:]
+
+
+def test_a_kernel_that_forbids_user_namespaces_is_named_with_the_setting_that_allows_them(
+    tmp_path,
+):
+    def kernel(**values):
+        root = tmp_path / "-".join(f"{k}{v}" for k, v in values.items())
+        for name, value in values.items():
+            path = root.joinpath(*name.replace("__", ".").split("."))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{value}\n")
+        return namespaces.user_namespaces_setting(root)
+
+    debian = kernel(kernel__unprivileged_userns_clone=0, user__max_user_namespaces=15000)
+    assert "kernel.unprivileged_userns_clone = 0" in debian
+    assert "sysctl -w kernel.unprivileged_userns_clone=1" in debian
+    assert "max_user_namespaces =" not in debian  # only what forbids them is named
+    limited = kernel(user__max_user_namespaces=0)
+    assert "sysctl -w user.max_user_namespaces=15000" in limited
+    ubuntu = kernel(kernel__apparmor_restrict_unprivileged_userns=1, user__max_user_namespaces=9)
+    assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in ubuntu
+    # Nothing forbids them, yet bwrap failed: the settings to look at, and root.
+    open_kernel = kernel(kernel__unprivileged_userns_clone=1, user__max_user_namespaces=9)
+    assert "forbid" not in open_kernel and "or root" in open_kernel

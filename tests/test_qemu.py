@@ -13,10 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import ordinary_user
 import pytest
 
 from envab.envs.desktop.actions import TYPABLE
@@ -395,3 +397,68 @@ def test_a_killed_job_takes_its_vms_with_it():
     while any(_running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_running(p) for p in pids), "a VM outlived the job that started it"
+
+
+# --- as an ordinary user ---------------------------------------------------------------------
+
+# One episode with the oracle, on a pool over a cache that root built.
+ORACLE_EPISODE = """
+import sys
+from pathlib import Path
+from envab.envs.qemu.pool import QemuConfig, QemuPool
+from envab.envs.tasks.build import build
+tasks, solutions = build(seed=1, per_family=1)
+task = tasks[0]
+oracle = next(s["oracle"] for s in solutions if s["id"] == task["id"])
+with QemuPool(QemuConfig(vms=1, cache=Path(sys.argv[1]), step_timeout_s=20.0)) as pool:
+    with pool.create(task) as session:
+        for action in oracle:
+            session.step(action)
+        result = session.verify()
+print(result.valid, result.score, result.audit["accel"])
+"""
+
+as_user = pytest.mark.skipif(
+    ordinary_user.why_not_here() is not None, reason=str(ordinary_user.why_not_here())
+)
+
+
+@needs_qemu
+@as_user
+def test_an_ordinary_user_plays_on_the_guest_root_built(pool):
+    """Root built the guest (the module's pool); a user who is not root runs QEMU on it, the
+    cache's records readable, its files untouched."""
+    home = ordinary_user.own(Path(tempfile.mkdtemp(prefix="envab-user-")))
+    try:
+        before = {p: p.stat().st_mtime_ns for p in CACHE.rglob("*") if p.is_file()}
+        done = ordinary_user.run(
+            [sys.executable, "-c", ORACLE_EPISODE, str(CACHE.resolve())],
+            home=home, cwd=REPO, timeout=600, reads=[CACHE.resolve()],
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == ["True", "1.0", pool.guest.accel]
+        after = {p: p.stat().st_mtime_ns for p in CACHE.rglob("*") if p.is_file()}
+        assert after == before  # nothing of root's cache written by the user's run
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@needs_qemu
+@as_user
+def test_an_ordinary_user_without_the_guest_is_told_to_build_it_once_as_root():
+    home = Path(tempfile.mkdtemp(prefix="envab-user-"))
+    cache = home / "cache"
+    cache.mkdir()
+    ordinary_user.own(home)
+    try:
+        done = ordinary_user.run(
+            [sys.executable, "-m", "envab.envs.qemu.image", "--cache", str(cache)],
+            home=home, cwd=REPO, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        last = done.stderr.splitlines()[-1]
+        assert "is not built under" in last and "debootstrap, which needs root" in last, last
+        assert f"sudo .venv/bin/python -m envab.envs.qemu.image --cache {cache}" in last, last
+        assert [p.name for p in cache.iterdir()] == [".lock"]  # nothing built, nothing begun
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

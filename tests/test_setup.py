@@ -52,7 +52,8 @@ def machine(tmp_path):
         "python3",
         f'echo "python3 $*" >> {log}\nmkdir -p .venv/bin\n'
         f"printf '#!/bin/bash\\necho \"pip $*\" >> {log}\\n' > .venv/bin/pip\n"
-        "chmod +x .venv/bin/pip\n",
+        f"printf '#!/bin/bash\\necho \"python $*\" >> {log}\\n' > .venv/bin/python\n"
+        "chmod +x .venv/bin/pip .venv/bin/python\n",
     )
 
     def run(uid: int, with_sudo: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
@@ -97,6 +98,9 @@ def test_as_a_user_it_goes_through_sudo(machine):
     assert result.returncode == 0, result.stderr
     assert calls[:2] == ["sudo apt-get", "apt-get update -qq"]
     assert "sudo env" in calls and any(c.startswith("apt-get install") for c in calls)
+    # The QEMU guest, which a user's main job cannot build (debootstrap), built now as root.
+    guest = "python -m envab.envs.qemu.image --cache build/qemu"
+    assert calls[-2:] == ["sudo .venv/bin/python", guest]
 
 
 def test_as_a_user_without_sudo_it_says_what_to_do(machine):

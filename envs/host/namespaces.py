@@ -4,7 +4,7 @@ inherits the sandbox at the cost of a fork: a fork stays a copy-on-write copy of
 process, milliseconds, where a gVisor fork is a checkpoint and a restore.
 
 The sandbox is made by bubblewrap (Debian's `bwrap`, the tool Flatpak's sandboxes are made with),
-run by the host as root, around the zygote:
+run by the host (as root, or as an ordinary user) around the zygote:
 
 - its own process, network, IPC, UTS (and, where the kernel has them, cgroup) namespaces: no
   process of the host is visible; the network is a loopback of its own, so nothing on the host's
@@ -13,10 +13,16 @@ run by the host as root, around the zygote:
   system's /usr, the Python installation and this package: the same binds as a gVisor sandbox's,
   `gvisor._root_mounts`), a bounded tmpfs at /tmp and /dev/shm (writable, in memory), bwrap's
   minimal /dev and a /proc of its own process namespace;
-- no user namespace: bwrap run by root would map the sandbox's uid to root's, so instead the zygote
-  drops to uid and gid nobody itself, with no supplementary groups and no capabilities
-  (`envab.envs.xdesktop.confine.drop`, as the X desktop's checker does), no new privileges and
-  not dumpable (a same-uid process cannot trace it or read its memory);
+- uid and gid nobody, no capabilities, no new privileges and not dumpable (a same-uid process
+  cannot trace it or read its memory). Run by root, bwrap makes no user namespace (it would map
+  the sandbox's uid to root's): the zygote drops to nobody itself, with no supplementary groups
+  (`envab.envs.xdesktop.confine.drop`, as the X desktop's checker does). Run by an ordinary
+  user, bwrap makes a user namespace whose only id is nobody, mapped onto the user's own
+  (`USER_NAMESPACE`): no root on the host is needed, where the kernel lets an ordinary user make
+  user namespaces (`namespaces_problem` names the setting that forbids it). The user's
+  supplementary groups stay on the sandbox's processes there (the kernel lets no one drop them in
+  a user namespace; they show as nobody's group); what they could open is outside the sandbox's
+  root, which holds only /usr, Python and this package;
 - resource limits (`LIMITS`, per process, inherited by every fork; the CPU limit is set anew in
   each environment, `ENV_CPU_S`, so the zygote's own use never counts against it);
 - a seccomp filter (`DENIED`, compiled by libseccomp, Debian's libseccomp2, through ctypes) that
@@ -129,32 +135,68 @@ def namespaces_problem() -> str | None:
     sandbox with the same namespaces, a few milliseconds, once per process)."""
     if shutil.which(BWRAP) is None:
         return f"{BWRAP} not found: install Debian's bubblewrap (apt-get install bubblewrap)"
-    if os.geteuid() != 0:
-        return f"{BWRAP} runs as root here (the sandbox drops to uid nobody itself); run as root"
     try:
         _libseccomp()
     except OSError:
         return "libseccomp.so.2 not found: install Debian's libseccomp2"
     trial = subprocess.run(
-        [BWRAP, *_NAMESPACES, "--ro-bind", "/", "/", "--", "true"],
+        [BWRAP, *_namespaces(), "--ro-bind", "/", "/", "--", "true"],
         capture_output=True,
         text=True,
         check=False,
     )
-    if trial.returncode != 0:
-        return f"{BWRAP} cannot make namespaces here: {trial.stderr.strip()[-200:]}"
-    return None
+    if trial.returncode == 0:
+        return None
+    why = f"{BWRAP} cannot make namespaces here: {trial.stderr.strip()[-200:]}"
+    if os.geteuid() != 0:
+        return f"{why}; {user_namespaces_setting()}"
+    return why
+
+
+# The kernel settings that can forbid an ordinary user's user namespaces, each with the value that
+# forbids them and the value that allows them: Debian's switch, the upstream limit, Ubuntu's
+# AppArmor restriction.
+USER_NAMESPACE_SETTINGS = (
+    ("kernel.unprivileged_userns_clone", "0", "1"),
+    ("user.max_user_namespaces", "0", "15000"),
+    ("kernel.apparmor_restrict_unprivileged_userns", "1", "0"),
+)
+
+
+def user_namespaces_setting(sysctl: Path = Path("/proc/sys")) -> str:
+    """What forbids an ordinary user's user namespaces here, read from `sysctl`, with the
+    setting that allows them (or, where none of them forbids it, the settings to look at)."""
+    blocking = []
+    for name, forbidding, allowing in USER_NAMESPACE_SETTINGS:
+        try:
+            value = sysctl.joinpath(*name.split(".")).read_text().strip()
+        except OSError:
+            continue  # this kernel has no such setting
+        if value == forbidding:
+            blocking.append(f"{name} = {value} (as root: sysctl -w {name}={allowing})")
+    if blocking:
+        return "an ordinary user may not make user namespaces here: " + "; ".join(blocking)
+    names = ", ".join(name for name, _, _ in USER_NAMESPACE_SETTINGS)
+    return f"it needs an ordinary user's user namespaces (look at {names}), or root"
 
 
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", "--die-with-parent", "--new-session")  # fmt: skip
+# Run by an ordinary user: a user namespace whose one uid and gid, nobody, is the user's own.
+USER_NAMESPACE = ("--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY))
+
+
+def _namespaces() -> tuple[str, ...]:
+    """bwrap's namespace options: root's sandbox has no user namespace (its zygote drops to
+    nobody itself); an ordinary user's is a user namespace mapping nobody onto the user."""
+    return _NAMESPACES if os.geteuid() == 0 else (*_NAMESPACES, *USER_NAMESPACE)
 
 
 def bwrap_argv(worker_argv: Sequence[str]) -> list[str]:
     """The command that runs `worker_argv` (which must confine itself: `confine_zygote`) inside
     a fresh sandbox. Descriptors the host passes stay open in it (the zygote's channel)."""
     binds, links = _root_mounts()
-    argv = [BWRAP, *_NAMESPACES, "--hostname", "env", "--clearenv"]
+    argv = [BWRAP, *_namespaces(), "--hostname", "env", "--clearenv"]
     for name, value in (
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", "/tmp"),
@@ -164,9 +206,10 @@ def bwrap_argv(worker_argv: Sequence[str]) -> list[str]:
         ("PYTHONPATH", _python_path()),
     ):
         argv += ["--setenv", name, value]
-    # The uid change is the worker's own (bwrap only changes uids in a user namespace); it needs
-    # these two capabilities, which it gives up with the uid.
-    argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    if os.geteuid() == 0:
+        # Root's uid change is the worker's own (bwrap only changes uids in a user namespace);
+        # it needs these two capabilities, which it gives up with the uid.
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     # The writable folders before the binds: a bind below one of them (a checkout or its
     # environment under /tmp) goes on top of the tmpfs instead of under it, hidden.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -429,24 +430,56 @@ def ensure_guest(config: ImageConfig, log=print, build: bool = True) -> GuestRec
     With build=False a missing stage is a BuildError instead of minutes of building."""
 
     config.cache.mkdir(parents=True, exist_ok=True)
-    with open(config.cache / ".lock", "w") as lock:
+    lock = config.cache / ".lock"
+    try:
+        # Read-only is enough to lock: an ordinary user's run locks a cache root built.
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    except PermissionError:
+        raise BuildError(f"{lock} cannot be made here: {_as_root(config)}") from None
+    with os.fdopen(fd) as held:
         # Two builders on one cache would delete each other's root file system.
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log(f"waiting for another guest build under {config.cache}")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(held, fcntl.LOCK_EX)
         return _ensure_guest(config, log, build)
 
 
+def _as_root(config: ImageConfig) -> str:
+    """How a guest an ordinary user cannot build is built: once, as root, for every user."""
+    command = (
+        f"python -m envab.envs.qemu.image --cache {config.cache} --memory {config.memory_mib}"
+        f" --accel {config.accel}"
+    )
+    return (
+        f"the guest's root file system is built by debootstrap, which needs root: build it once "
+        f"as root (sudo .venv/bin/{command}; `bash setup` does, run by a user with sudo), "
+        "then every user's run reuses it"
+    )
+
+
+def _writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _share(path: Path) -> None:
+    """A record of the cache, readable by every user of it (written 0600 like every record)."""
+    path.chmod(0o644)
+
+
 def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
-    def building(what: str) -> None:
+    def building(what: str, where: Path) -> None:
         if not build:
             raise BuildError(
                 f"{what} is not built under {config.cache}: run "
                 f"python -m envab.envs.qemu.image --cache {config.cache} "
                 f"--memory {config.memory_mib}"
             )
+        # The base is debootstrap's (root's), and the image reads the base's root-only files:
+        # an ordinary user builds neither. The warm stage only boots the image, where writable.
+        if os.geteuid() != 0 and not (where.name.startswith("warm") and _writable(where.parent)):
+            raise BuildError(f"{what} is not built under {config.cache}: {_as_root(config)}")
         log(what)
 
     for tool in ("qemu-system-x86_64", "qemu-img"):
@@ -463,14 +496,17 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     image_record = image_dir / "image.json"
     if not image_record.is_file():
         if not base_record.is_file():
-            building(f"guest base {base_digest[:16]}: debootstrap {config.suite} (minutes)")
+            building(
+                f"guest base {base_digest[:16]}: debootstrap {config.suite} (minutes)", base_dir
+            )
             t0 = time.monotonic()
             built = build_base(config, base_dir / "rootfs")
             timings["base_s"] = round(time.monotonic() - t0, 1)
             atomic_write_json(
                 base_record, {"digest": base_digest, "inputs": base_inputs(config), **built}
             )
-        building(f"guest image {image_digest[:16]}: root file system and qcow2")
+            _share(base_record)
+        building(f"guest image {image_digest[:16]}: root file system and qcow2", image_dir)
         t0 = time.monotonic()
         digests = build_image(base_dir / "rootfs", image_dir)
         timings["image_s"] = round(time.monotonic() - t0, 1)
@@ -483,8 +519,12 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
                 "files": digests,
             },
         )
-    base = json.loads(base_record.read_text()) if base_record.is_file() else {}
-    image = json.loads(image_record.read_text())
+        _share(image_record)
+    try:
+        base = json.loads(base_record.read_text()) if base_record.is_file() else {}
+        image = json.loads(image_record.read_text())
+    except PermissionError as e:
+        raise BuildError(f"{e.filename} is not readable here: {_as_root(config)}") from None
 
     spec = VMSpec(
         root=image_dir / "root.qcow2",
@@ -497,10 +537,17 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     warm_digest = sha256_json(winputs)
     stem = f"warm-{config.memory_mib}-{accel.mode}"
     warm_path, warm_json = image_dir / f"{stem}.qcow2", image_dir / f"{stem}.json"
+    if os.geteuid() == 0:  # records of a cache built before they were shared
+        for record in (base_record, image_record, warm_json):
+            if record.is_file():
+                _share(record)
     if warm_json.is_file() and json.loads(warm_json.read_text())["digest"] == warm_digest:
         warm = json.loads(warm_json.read_text())
     else:
-        building(f"warm snapshot {stem}: boot under {accel.mode}, wait for the desktop, savevm")
+        building(
+            f"warm snapshot {stem}: boot under {accel.mode}, wait for the desktop, savevm",
+            warm_path,
+        )
         t0 = time.monotonic()
         tmp = warm_path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
@@ -509,6 +556,7 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
         timings["warm_s"] = round(time.monotonic() - t0, 1)
         warm.update(digest=warm_digest, inputs=winputs, sha256=sha256_file(warm_path))
         atomic_write_json(warm_json, warm)
+        _share(warm_json)
 
     rel = image_dir.relative_to(cache)
     files = {
