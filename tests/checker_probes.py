@@ -11,6 +11,8 @@ request to the environment, which the test's `http` records.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import gc
 import hashlib
 import json
@@ -71,6 +73,63 @@ def facts(evaluator, http) -> float:
     }
     http("POST", "/file", "application/json", json.dumps(report).encode())
     return 1.0
+
+
+def kernel_calls(evaluator, http) -> float:
+    """Reach for what a compromised metric would use to attack the kernel, each call's errno name
+    (or "ok") sent to the environment's `http` (route /file) for the test; 1.0 when every one was
+    refused. Run in a plain process too, as the control: there they succeed."""
+    tried = try_kernel_calls()
+    http("POST", "/file", "application/json", json.dumps(tried).encode())
+    return 1.0 if set(tried.values()) == {"EPERM"} else 0.0
+
+
+def try_kernel_calls() -> dict[str, str]:
+    """Calls with no lasting effect on the caller, each answered by errno name or "ok": a user
+    namespace (made in a child, which then exits), the session keyring's id, an io_uring
+    instance, a file handle for this folder, a thread's clone into a new network namespace."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+
+    def attempt(call) -> str:
+        ctypes.set_errno(0)
+        result = call()
+        if result < 0:
+            return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+        return "ok"
+
+    def in_child(call) -> str:  # a namespace call would change this process: a child makes it
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, attempt(call).encode())
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 64).decode()
+        os.waitpid(pid, 0)
+        return answer
+
+    def io_uring() -> int:
+        params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+        fd = libc.syscall(425, 1, params)  # io_uring_setup(1 entry)
+        if fd >= 0:
+            os.close(fd)
+        return fd
+
+    def file_handle() -> int:
+        handle = ctypes.create_string_buffer(8 + 128)  # struct file_handle, 128 bytes of it
+        ctypes.memmove(handle, struct.pack("I", 128), 4)
+        mount_id = ctypes.c_int()
+        # name_to_handle_at(AT_FDCWD, ".", handle, &mount_id, 0)
+        return libc.syscall(303, -100, b".", handle, ctypes.byref(mount_id), 0)
+
+    return {
+        "unshare_user": in_child(lambda: libc.unshare(0x10000000)),  # CLONE_NEWUSER
+        "keyctl": attempt(lambda: libc.syscall(250, 0, -3, 0)),  # KEYCTL_GET_KEYRING_ID, session
+        "io_uring_setup": attempt(io_uring),
+        "name_to_handle_at": attempt(file_handle),
+        "bpf": attempt(lambda: libc.syscall(321, 0, None, 0)),  # BPF_MAP_CREATE, no attributes
+    }
 
 
 def orphan(evaluator, http) -> float:
@@ -211,7 +270,7 @@ def browser_closed(evaluator, http) -> float:
 PROBES = {
     f.__name__: f
     for f in (
-        *(write_marker, connect, facts, orphan, other_route, hang, forge),
+        *(write_marker, connect, facts, kernel_calls, orphan, other_route, hang, forge),
         *(exit_early, allocate, raw_frame, raw_bytes, answer, browser_echo, browser_closed),
     )
 }

@@ -185,6 +185,25 @@ def test_the_checker_is_unprivileged_with_no_network_and_nothing_of_the_hosts():
     assert facts["rlimits"]["RLIMIT_FSIZE"] == limits.file_bytes
 
 
+def test_a_checker_reaches_none_of_the_kernels_facilities_a_plain_process_reaches():
+    # The control first, in a plain process of the same uid kind: each call is one the kernel
+    # grants here, so a refusal in the checker is the filter's, not the machine's.
+    tried = "import json, checker_probes as p; print(json.dumps(p.try_kernel_calls()))"
+    control = subprocess.run(
+        [sys.executable, "-c", tried],
+        cwd=Path(__file__).parent, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert control.returncode == 0, control.stderr
+    outside = json.loads(control.stdout)
+    granted = {call for call, answer in outside.items() if answer == "ok"}
+    assert {"unshare_user", "keyctl", "name_to_handle_at"} <= granted, outside
+    env = Environment({})
+    assert _probe("kernel_calls", env) == 1.0, env.requests
+    ((_, _, body),) = env.requests
+    inside = json.loads(body)
+    assert inside == {call: "EPERM" for call in outside}, inside
+
+
 @pytest.mark.skipif(not ROOT, reason="a host that is not root keeps its uid in every checker")
 def test_a_checker_cannot_forge_the_job_or_cache_of_checkers_beside_it():
     # One hostile checker polls the host's temporary folder for the other checkers' folders

@@ -40,17 +40,15 @@ desktop does not run here: it starts programs (Xvfb, its applications), which th
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import os
 import resource
 import shutil
-import socket
 import subprocess
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
+from envab.envs import seccomp
 from envab.envs.host.gvisor import _python_path, _root_mounts
 from envab.envs.xdesktop.confine import NOBODY, ConfinementError, Limits, drop
 from envab.errors import Refusal
@@ -71,62 +69,20 @@ LIMITS = Limits(
 )
 ENV_CPU_S = 600  # one environment's CPU seconds (a step takes milliseconds)
 
-# What a Pillow environment never needs, refused with EPERM (a deny list over libseccomp's
-# default allow: Python and Pillow need too much of the rest to list it safely).
+# What a Pillow environment never needs, refused with EPERM: starting programs (the Pillow desktop
+# runs none), signalling other processes (the environment's own death is os._exit; the host
+# signals it from outside, where this filter does not apply), and what no sandboxed worker needs
+# (`seccomp.KERNEL`: tracing, mounts and namespaces, the kernel's facilities, the clock).
 DENIED = (
-    # starting programs: the Pillow desktop runs none
     "execve", "execveat",
-    # other processes: tracing, reading or signalling them (the environment's own death is
-    # os._exit; the host signals it from outside, where this filter does not apply)
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "kill", "tkill", "tgkill",
-    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
-    # the file system and namespaces: the sandbox's are set
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr",
-    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
-    "open_by_handle_at", "name_to_handle_at",
-    # the kernel's own facilities
-    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "syslog",
-    "acct", "quotactl", "iopl", "ioperm", "uselib", "vhangup", "sethostname", "setdomainname",
-    # the clock
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open",
+    "pidfd_send_signal",
+    *seccomp.KERNEL,
 )  # fmt: skip
-# A fork, but never into new namespaces: CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID,
-# NEWNET, NEWTIME.
-CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
-             0x40000000, 0x00000080)  # fmt: skip
-
-_SCMP_ACT_ALLOW = 0x7FFF0000
-_SCMP_CMP_NE, _SCMP_CMP_MASKED_EQ = 1, 7
-
-
-def _scmp_errno(code: int) -> int:
-    return 0x00050000 | (code & 0xFFFF)
-
-
-class _ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
-                ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]  # fmt: skip
 
 
 class SandboxUnavailable(Refusal, RuntimeError):
     """The namespace sandbox cannot run here; the message says why and what to do."""
-
-
-@cache
-def _libseccomp():
-    """libseccomp (Debian's libseccomp2), the library that compiles a filter's rules into BPF;
-    inside the sandbox it is found through the bound /etc/ld.so.cache."""
-    lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
-                                           ctypes.c_uint, ctypes.POINTER(_ArgCmp)]  # fmt: skip
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
-    lib.seccomp_release.argtypes = [ctypes.c_void_p]
-    return lib
 
 
 @cache
@@ -136,7 +92,7 @@ def namespaces_problem() -> str | None:
     if shutil.which(BWRAP) is None:
         return f"{BWRAP} not found: install Debian's bubblewrap (apt-get install bubblewrap)"
     try:
-        _libseccomp()
+        seccomp.libseccomp()
     except OSError:
         return "libseccomp.so.2 not found: install Debian's libseccomp2"
     trial = subprocess.run(
@@ -255,32 +211,10 @@ def load_filter() -> None:
     """The seccomp filter (`DENIED`, sockets other than AF_UNIX, clone into new namespaces,
     clone3 answered ENOSYS so the C library falls back to clone, whose flags it can check),
     loaded on this process and everything it forks from now on."""
-    lib = _libseccomp()
-    ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
-    if not ctx:
-        raise ConfinementError("seccomp_init failed")
     try:
-
-        def rule(name: str, action: int, *compare: _ArgCmp) -> None:
-            number = lib.seccomp_syscall_resolve_name(name.encode())
-            if number < 0:  # a call this libseccomp does not know: this kernel has none to refuse
-                return
-            array = (_ArgCmp * len(compare))(*compare) if compare else None
-            code = lib.seccomp_rule_add_array(ctx, action, number, len(compare), array)
-            if code != 0:
-                raise ConfinementError(f"seccomp rule {name}: {os.strerror(-code)}")
-
-        for name in DENIED:
-            rule(name, _scmp_errno(errno.EPERM))
-        rule("socket", _scmp_errno(errno.EPERM), _ArgCmp(0, _SCMP_CMP_NE, socket.AF_UNIX, 0))
-        for flag in CLONE_NEW:
-            rule("clone", _scmp_errno(errno.EPERM), _ArgCmp(0, _SCMP_CMP_MASKED_EQ, flag, flag))
-        rule("clone3", _scmp_errno(errno.ENOSYS))
-        code = lib.seccomp_load(ctx)
-        if code != 0:
-            raise ConfinementError(f"seccomp_load: {os.strerror(-code)}")
-    finally:
-        lib.seccomp_release(ctx)
+        seccomp.load(DENIED, unix_sockets_only=True)
+    except seccomp.FilterError as e:
+        raise ConfinementError(str(e)) from None
 
 
 def host_pid(sandbox_pid: int, inner_pid: int) -> int | None:

@@ -20,7 +20,9 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
   in a mount namespace of its own: `confine._reachable`, for an interpreter under /root): resource
   limits, an unprivileged uid and gid *of its own* (as root: one of `confine.CHECKER_IDS`, held
   by this evaluation alone while it runs, `checker_ids`; a host that is not root keeps its uid),
-  no capabilities, an environment holding only HOME and TMPDIR, both its private folder (mode
+  no capabilities, a seccomp filter refusing the kernel's facilities no metric needs
+  (`confine.filter_calls`: tracing, mounts, new namespaces, BPF, keyrings, io_uring, and the
+  like), an environment holding only HOME and TMPDIR, both its private folder (mode
   0700, owned by its own uid, removed afterwards), where its cache lives and its cwd is. Only then
   does a getter or metric run. Checkers that run side by side thus cannot read or write each
   other's folders; the job (the evaluator it scores) is a root-owned file only the checker's
@@ -380,6 +382,7 @@ def main(argv=None) -> int:
         module = _entry(args.entry)
         module.preload(evaluator)
         confine.drop(Limits(**json.loads(args.limits)))
+        confine.filter_calls()
         host = _Host(channel)
         if job.get("browser"):  # after the drop: its threads are the unprivileged uid's too
             debugging.PortRelay(host.browser).start()

@@ -11,10 +11,16 @@ process (`envab.envs.xdesktop.checker`) calls these, in this order, on itself.
 3. `drop` (after the modules it needs are imported): resource limits (`Limits`), then, when root,
    the unprivileged uid and gid with no supplementary groups, then no capabilities at all, and
    death with its parent.
+4. `filter_calls`: a seccomp filter (`envab.envs.seccomp`) refusing what no checker needs and a
+   compromised one would reach the kernel through: tracing, other processes' memory, mounts and
+   new namespaces (an unprivileged uid may otherwise make a user namespace, and be root in it),
+   BPF, keyrings, io_uring, userfaultfd, perf events, file handles, modules, the clock.
+   Starting programs stays (desktop-env's document and media metrics run converters), and so do
+   sockets (its network namespace holds only its own loopback, where the browser relay listens).
 
 Each step raises `ConfinementError` naming what the kernel refused; the checker then refuses to
-run (its host counts a failed check), never runs unconfined. The standard library only: libc's
-`unshare`, `prctl`, `mount` and `capset` through ctypes, `ioctl` for loopback.
+run (its host counts a failed check), never runs unconfined. The standard library only, and
+libseccomp: libc's `unshare`, `prctl`, `mount` and `capset` through ctypes, `ioctl` for loopback.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from functools import cache
+
+from envab.envs import seccomp
 
 NOBODY = 65534  # nobody / nogroup
 # The uids (and gids) a root host gives its checkers, one each while it runs (`checker_ids`), so
@@ -247,3 +255,12 @@ def _no_capabilities() -> None:
 
     data = (Data * 2)()
     _ok(_libc().capset(ctypes.byref(Header(_CAP_VERSION_3, 0)), data), "capset")
+
+
+def filter_calls() -> None:
+    """The checker's seccomp filter (step 4): `seccomp.KERNEL`, in every thread, inherited by all
+    it starts. After `drop`, which set no new privileges."""
+    try:
+        seccomp.load(seccomp.KERNEL, unix_sockets_only=False)
+    except seccomp.FilterError as e:
+        raise ConfinementError(str(e)) from None
