@@ -1,11 +1,13 @@
 """Every command line the documentation gives is one the code takes: each `python -m envab.<module>`
 and `python bench/<script>.py` in README.md and docs/**/*.md is asked for its `--help` (with its
-subcommand, where it names one), and every `--flag` the page types after it must be there. A
-renamed or removed flag fails here, not in a reader's terminal."""
+subcommand, where it names one), and every `--flag` the page types after it must be there; each
+`snakemake ...` a page types is planned (a dry run) on a fresh copy of the workflow. A renamed or
+removed flag, profile, config file or target fails here, not in a reader's terminal."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -74,3 +76,69 @@ def test_a_renamed_flag_is_caught(tmp_path):
     ((program, first, flags),) = commands(page)
     assert (program, flags) == ("envab.verify", ["--no-such-flag"])
     assert "--no-such-flag" not in FLAG.findall(help_text(program, first))
+
+
+# --- each `snakemake` command the docs type, as a dry run ------------------------------------
+
+SNAKEMAKE = re.compile(r"(?:^|\s|/)snakemake((?:\s+[^\s#&|;]+)*)")
+# What a dry run cannot show, with why: the conda deployment needs conda (documented as untested),
+# a lock removal and the lint plan nothing (the lint has tests/test_workflow_lint.py), and a
+# report needs a finished run's outputs (the `report` rule runs it after the answer).
+NOT_DRY_RUN = {
+    "--sdm": "needs conda",
+    "--unlock": "plans nothing",
+    "--lint": "plans nothing",
+    "--report": "reports a finished run",
+}
+
+
+def snakemake_commands() -> dict[str, list[str]]:
+    """Each distinct `snakemake ...` argument list a page of the docs (not the dated results,
+    which record what ran then) types in code, with the pages that type it."""
+    found: dict[str, list[str]] = {}
+    for page in markdown_files():
+        if "results" in page.relative_to(REPO).parts:
+            continue
+        for code in code_texts(page):
+            joined = re.sub(r"\\\n\s*", " ", code)
+            for line in joined.splitlines():
+                for args in SNAKEMAKE.findall(line.split(" #")[0]):
+                    key = " ".join(args.split())
+                    found.setdefault(key, []).append(str(page.relative_to(REPO)))
+    return found
+
+
+COMMANDS = snakemake_commands()
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    """The workflow as a fresh clone has it: no run's outputs."""
+    from conftest import copy_workflow
+
+    root = copy_workflow(tmp_path_factory.mktemp("docs-dry-run"))
+    for name in (".test", "profiles", "config"):
+        shutil.copytree(
+            REPO / name,
+            root / name,
+            ignore=lambda _d, names: (
+                {"results", "receipts", "logs", "benchmarks", ".snakemake"} & set(names)
+            ),
+        )
+    return root
+
+
+@pytest.mark.parametrize("args", sorted(COMMANDS), ids=lambda a: a or "(none)")
+def test_each_snakemake_command_the_docs_type_plans_on_a_fresh_clone(checkout, args):
+    words = args.split()
+    skipped = [why for flag, why in NOT_DRY_RUN.items() if flag in words]
+    if skipped:
+        pytest.skip(f"{args}: {skipped[0]}")
+    done = subprocess.run(
+        [sys.executable, "-m", "snakemake", *words, "--dry-run", "--quiet", "rules"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{COMMANDS[args]}: snakemake {args}\n{done.stderr[-3000:]}"
