@@ -23,7 +23,8 @@ from conftest import shrink_timing
 
 OFFLINE = {"WANDB_MODE": "offline"}  # wandb runs written here are read back below
 # Every Python process of the runs carries an audit hook (sitecustomize) that writes down each
-# open of a split's file, with the process's command line: the held-out wall, read from outside.
+# open of a split's file, and of any file the evaluations or the stop-at-target judge keep
+# (held-out records), with the process's command line: the held-out wall, read from outside.
 AUDIT_HOOK = """
 import json, os, sys
 _log, _busy = os.environ["ENVAB_TEST_OPENS"], []
@@ -31,7 +32,9 @@ def _hook(event, args):
     if event != "open" or _busy or not isinstance(args[0], (str, bytes)):
         return
     path = os.fsdecode(args[0])
-    if os.path.basename(path) not in ("train.jsonl", "heldout.jsonl"):
+    parts = path.split(os.sep)
+    split = os.path.basename(path) in ("train.jsonl", "heldout.jsonl")
+    if not (split or "judged" in parts or "evaluations" in parts):
         return
     _busy.append(1)
     try:
@@ -153,6 +156,19 @@ def test_no_training_process_ever_opens_the_held_out_split(answered):
     # nor is a held-out path ever in a trainer's arguments
     trainers = [o["argv"] for o in opens if Path(o["argv"][0]).name in ("grpo.py", "sft.py")]
     assert trainers and not any("heldout" in arg for argv in trainers for arg in argv)
+    # The judge's held-out records live beside the evaluation store, outside the run's folder;
+    # of them a trainer opens only the verdicts, the judge's one answer.
+    judged = [o for o in opens if "judged" in Path(o["path"]).parts]
+    assert any(Path(o["argv"][0]).name == "stop_at_target.py" for o in judged), sorted(set(by))
+    assert not any("journal" in Path(o["path"]).parts for o in judged)
+    trained = [o["path"] for o in opens if Path(o["argv"][0]).name in ("grpo.py", "sft.py")]
+    held_out_records = [
+        p
+        for p in trained
+        if {"judged", "evaluations"} & set(Path(p).parts)
+        and not Path(p).name.startswith("verdict-")
+    ]
+    assert held_out_records == [], held_out_records
 
 
 def test_speed_is_judged_in_timing_blocks_apart_from_learning(answered):

@@ -584,7 +584,7 @@ def build_trainer(
         console,
         tracker,
         ranks,
-        stop_judge(inputs, args, outputs, journal) if ranks.main else None,
+        stop_judge(inputs, args, outputs) if ranks.main else None,
     )
     trainer = ResumableGRPOTrainer(
         model=prepared.model,
@@ -606,7 +606,16 @@ def build_trainer(
     return trainer, callback
 
 
-def stop_judge(inputs: RunInputs, args, outputs: Outputs, journal: Journal) -> StopJudge | None:
+def judged_folder(args, inputs: RunInputs) -> Path:
+    """Where a run's judge processes keep their records: `<store>/../judged/<arm>/seed<k>`."""
+    folder = (
+        Path(args.stop_at_target["store"]).parent / "judged" / inputs.arm / f"seed{inputs.seed}"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def stop_judge(inputs: RunInputs, args, outputs: Outputs) -> StopJudge | None:
     """The stop-at-target judge of a run whose budget stops at target (the A/B's runs where the
     pre-registration says so; never a control's), or None."""
     if not inputs.prereg.budget_for(inputs.arm).stop_at_target:
@@ -617,8 +626,10 @@ def stop_judge(inputs: RunInputs, args, outputs: Outputs, journal: Journal) -> S
         checkpoints=outputs.checkpoints,
         settings=args.stop_at_target,
         # this process's judgments: a restarted run judges its checkpoints again (the store
-        # makes that cheap) rather than trust a verdict on a checkpoint it rolled back
-        judged=Path(tempfile.mkdtemp(prefix="judge-", dir=journal.dir)),
+        # makes that cheap) rather than trust a verdict on a checkpoint it rolled back. Beside
+        # the evaluation store, never in the run's folder: the held-out records the judge
+        # writes are no file of training's (it opens only the verdicts).
+        judged=Path(tempfile.mkdtemp(prefix="judge-", dir=judged_folder(args, inputs))),
         cores=args.cores,
         # three times the run's own wall-clock budget: a judge past that is hung
         timeout_s=3 * inputs.prereg.budget_for(inputs.arm).max_wall_clock_s,

@@ -30,7 +30,9 @@ class StopJudge:
     checkpoint_records: Path
     checkpoints: Path
     settings: dict  # backend, confirm_backend, store, log: no held-out path (the judge finds it)
-    judged: Path  # the judge's evaluations and verdicts, in the run's journal
+    # The judge's evaluations and verdicts: beside the evaluation store, outside the run's folder
+    # and journal, which training reads and a resume rolls back; training opens only verdicts.
+    judged: Path
     cores: int
     # Past this the judge is hung, not slow: killed, counted as a failure, and training goes on
     # (its clock paused meanwhile would otherwise stop the run with no time charged).
