@@ -137,6 +137,11 @@ def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out
     assert report["per_task"]["chrome/shared-1"]["domain"] == "chrome"
     assert report["per_task"]["chrome/shared-1"]["id"] == "chrome.shared-1"
     assert report["reasons"]["xdesktop"]["file:not_frozen"] == 1
+    # the infeasible task counted apart: runnable, but no getter or metric of it ever runs
+    assert report["infeasible"] == {"total": 1, "runnable": {"xdesktop": 1}, "selected": 1}
+    assert report["per_task"]["os/infeasible-1"]["infeasible"] is True
+    assert "infeasible" not in report["per_task"]["os/plain-1"]
+    assert "1 of those frozen infeasible" in result.stdout
     # every file is kept byte for byte, the ones the rule left out too
     copies = sorted(str(p.relative_to(out[0] / "sources")) for p in out[0].rglob("*.json")
                     if "sources" in p.parts)  # fmt: skip
@@ -296,3 +301,47 @@ def test_the_noop_rule_reads_every_play_and_names_a_task_whose_plays_disagree():
     assert noop_gaps(record, "once", 1) == []
     with pytest.raises(TaskSourceError, match="noop_plays"):
         check_rule({"noop": "exclude", "noop_plays": 0})
+
+
+PAGE = "https://www.example.org/flights"
+
+
+def chrome_task(tid: str, getter: dict, opens: str = PAGE) -> dict:
+    return task(
+        tid,
+        related_apps=["chrome"],
+        config=[{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [opens]}}],
+        evaluator={"func": "exact_match", "result": getter,
+                   "expected": {"type": "rule", "rules": {"expected": "x"}}},
+    )  # fmt: skip
+
+
+def test_a_task_scored_on_a_live_pages_content_is_named_by_its_host_one_on_its_address_is_not():
+    from envab.envs.xdesktop.evaluate import blockers
+
+    content = chrome_task("content", {"type": "active_tab_html_parse"})
+    address = chrome_task("address", {"type": "active_url_from_accessTree"})
+    named = chrome_task("named", {"type": "info_from_website", "url": "https://www.example.com/"})
+    local = chrome_task("local", {"type": "active_tab_html_parse"}, opens="http://localhost:8080/")
+    web = lambda t: [name for name, _ in blockers(t, "full") if name.startswith("web:")]  # noqa: E731
+    assert web(content) == ["web:www.example.org"]  # the page the set-up opened
+    assert web(address) == []  # a page that never loaded keeps its address
+    assert web(named) == ["web:www.example.com"]  # the page the getter itself loads
+    assert web(local) == []  # a page of this machine's
+    unnamed = {**content, "config": []}
+    assert web(unnamed) == ["web:page"]  # no address at all: the page the agent is to open
+    # and the census counts it by its reason, the task left out under the runnable rule
+    frozen = load_jsonl_text([content, address])
+    report = select(frozen, {"runnable": True}, "xdesktop", image="full").report()
+    assert report["reasons"]["xdesktop"].get("web:www.example.org") == 1
+    assert [t.task["id"] for t in select(frozen, {"runnable": True}, "xdesktop",
+                                         image="full").tasks] == ["address"]  # fmt: skip
+
+
+def load_jsonl_text(tasks: list[dict]):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "tasks.jsonl"
+        path.write_text("".join(json.dumps({**t, "domain": "chrome"}) + "\n" for t in tasks))
+        return load_jsonl(path)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from envab.envs.tasks import fetch
-from envab.envs.tasks.evaluators import bare_file_name, missing_named, unsafe_named
+from envab.envs.tasks.evaluators import INFEASIBLE, bare_file_name, missing_named, unsafe_named
 from envab.envs.tasks.source import SourcedTask, TaskSourceError
 from envab.envs.xdesktop.apps import DEFAULT_IMAGE, IMAGES, check_image
 from envab.errors import Refusal
@@ -414,6 +414,14 @@ def assess(task: SourcedTask, image: str = DEFAULT_IMAGE) -> dict[str, list[tupl
     return {"xdesktop": _unique([*task.unscorable, *blockers(task.task, image)])}
 
 
+def is_infeasible(task: Mapping) -> bool:
+    """Whether `task` is one of OSWorld's infeasible tasks: scored 1 when the agent answers
+    FAIL, from its last action alone (metric `infeasible`)."""
+    ev = task.get("evaluator")
+    funcs = ev.get("func") if isinstance(ev, Mapping) else None
+    return INFEASIBLE in (funcs if isinstance(funcs, list) else [funcs])
+
+
 def _unique(reasons: list[tuple[str, str]]) -> list[tuple[str, str]]:
     seen, out = set(), []
     for reason in reasons:
@@ -485,6 +493,7 @@ def select(
             f"select.domains: {absent} not in the task set (it has {sorted(present)})"
         )
     kept, bad, per_task = [], [], {}
+    infeasible = {"total": 0, "runnable": dict.fromkeys(WORLDS, 0), "selected": 0}
     runnable = {w: {} for w in WORLDS}
     counts = {w: {} for w in WORLDS}
     for t in frozen.tasks:
@@ -516,7 +525,13 @@ def select(
             "runnable": {w: not reasons for w, reasons in worlds.items()},
             "reasons": {w: _names(reasons) for w, reasons in worlds.items()},
             "selected": chosen,
+            **({"infeasible": True} if is_infeasible(t.task) else {}),
         }
+        if is_infeasible(t.task):
+            infeasible["total"] += 1
+            infeasible["selected"] += chosen
+            for w, reasons in worlds.items():
+                infeasible["runnable"][w] += not reasons
     if bad:
         where = "cannot run on the X desktop" if world == "xdesktop" else "cannot be scored here"
         raise Unselectable(
@@ -539,6 +554,10 @@ def select(
             "left_out": len(frozen.tasks) - len(kept),
         },
         "runnable": {w: dict(sorted(rows.items())) for w, rows in runnable.items()},
+        # Infeasible tasks apart (scored from the agent's last action alone, no getter or metric
+        # run): counted in `runnable` too, named here so a reader can take them out. Only where
+        # the set has any, so a set without them keeps its report's bytes.
+        **({"infeasible": infeasible} if infeasible["total"] else {}),
         "reasons": {
             w: dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) for w, c in counts.items()
         },
@@ -727,6 +746,10 @@ def main(argv: list[str] | None = None) -> int:
         if left
         else ""
     )
+    if infeasible := report.get("infeasible"):
+        out += (
+            f"; {infeasible['selected']} of those frozen infeasible (scored from the last action)"
+        )
     if frozen.files is not None:
         stored = {e["sha256"]: e["size"] for e in frozen.files.values()}
         out += f"; {len(frozen.files)} files frozen ({sum(stored.values())} bytes)"

@@ -28,10 +28,12 @@ import functools
 import importlib
 import importlib.machinery
 import importlib.util
+import re
 import sys
 import tempfile
 import threading
 import types
+import urllib.parse
 from collections.abc import Callable, Mapping
 from functools import cache
 from http.server import ThreadingHTTPServer
@@ -91,6 +93,18 @@ PROFILE_GETTERS = ("bookmarks", "history", "cookie_data", "default_search_engine
                    "gimp_config_file")  # fmt: skip
 SERVED_GETTERS |= dict.fromkeys(PROFILE_GETTERS, (EXECUTE, FILE))
 SERVED_GETTERS["default_video_player"] = (EXECUTE,)  # xdg-mime's answers
+# desktop-env's getters that load a page and read what it holds (its HTML, text or title, or a
+# file it serves): nothing here reaches a live site, so a task they score on a live page can
+# never score as written (`web:<host>`). `active_tab_info` loads the active tab's address again
+# (`page.goto`), which fails offline whatever the metric then reads. Those that read addresses
+# alone (`active_url_from_accessTree`, `url_dashPart`, `open_tabs_info`'s tabs, ...) can score
+# offline: a page that did not load keeps its address.
+PAGE_GETTERS = (
+    "active_tab_info", "active_tab_html_parse", "page_info", "info_from_website", "pdf_from_url",
+    "gotoRecreationPage_and_get_html_content",
+)  # fmt: skip
+# Set-up steps that open pages in the browser (their addresses under these parameters).
+PAGE_STEPS = {"chrome_open_tabs": "urls_to_open", "open": "path", "launch": "command"}
 PLATFORM = "Linux"  # what desktop-env's getters pick paths by (`env.vm_platform`): both images
 # the in-environment server's routes a checker may ask for: what the served getters read
 ROUTES = frozenset(r for reads in SERVED_GETTERS.values() for r in reads if r.startswith("/"))
@@ -205,7 +219,8 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
     set-up step it has no route for (`setup:<type>`, `postconfig:<type>`), a metric whose
     module cannot load here (`metric:<name>`), a getter it does not serve (`getter:<type>`:
     one that reads the accessibility tree is served by apps.TREE_IMAGES only),
-    an application its `image` (apps.IMAGES) lacks (`app:<name>`)."""
+    a live site whose page content a getter reads (`web:<host>`, `live_pages`), an application
+    its `image` (apps.IMAGES) lacks (`app:<name>`)."""
     ev = task.get("evaluator") or {}
     gaps = []
     for where, name, steps in (
@@ -251,10 +266,57 @@ def blockers(task: Mapping, image: str = apps.DEFAULT_IMAGE) -> list[tuple[str, 
         else:
             continue
         gaps.append((f"getter:{kind}", f"{key} getter {kind!r} {why}"))
+    gaps += live_pages(task)
     for app in apps_missing(task, image):
         gaps.append((f"app:{app}", f"application {app!r} (related_apps) is not in the {image} "
                                    "image"))  # fmt: skip
     return gaps
+
+
+def live_pages(task: Mapping) -> list[tuple[str, str]]:
+    """`web:<host>` for each live site whose page content a getter of `task` reads: the address
+    the getter names, else those the set-up opens (`web:page` where neither names one: the page
+    the agent is to open). None where no getter reads a page's content, or every page it can
+    read is this machine's."""
+    readers = [(key, g) for key, g in _getters(task.get("evaluator") or {})
+               if g.get("type") in PAGE_GETTERS]  # fmt: skip
+    if not readers:
+        return []
+    opened = []
+    for step in task.get("config") or []:
+        params = step.get("parameters") if isinstance(step.get("parameters"), Mapping) else {}
+        opened += _addresses(params.get(PAGE_STEPS.get(step.get("type"), ""), ""))
+    gaps = []
+    for key, getter in readers:
+        kind = getter.get("type")
+        addresses = _addresses(getter.get("url", "")) or opened
+        # no address at all: the page the agent is to open; addresses of this machine only: none
+        hosts = _live_hosts(addresses) if addresses else ["page"]
+        for host in hosts:
+            why = (
+                f"{key} getter {kind!r} reads the content of a live page ({host}), unreachable here"
+            )
+            gaps.append((f"web:{host}", why))
+    return gaps
+
+
+_ADDRESS = re.compile(r"https?://[^\s\"'<>]+")
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+
+def _addresses(value) -> list[str]:
+    """Every http(s) address in a parameter (a string, or strings nested in lists)."""
+    if isinstance(value, str):
+        return _ADDRESS.findall(value)
+    if isinstance(value, list):
+        return [a for v in value for a in _addresses(v)]
+    return []
+
+
+def _live_hosts(addresses: list[str]) -> list[str]:
+    """The hosts of `addresses` that are not this machine's, each once, in order."""
+    hosts = (urllib.parse.urlsplit(a).hostname for a in addresses)
+    return list(dict.fromkeys(h for h in hosts if h and h not in LOCAL_HOSTS))
 
 
 def unavailable(task: Mapping) -> list[str]:
