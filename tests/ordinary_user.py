@@ -5,7 +5,7 @@ no supplementary groups) through util-linux's `setpriv`, with no capabilities le
 by an ordinary user already is one: `why_not_here` says so and the test runs as it is.
 
 The project's Python must be one the user can run. A machine whose Python lives in root's home
-(pyenv under /root, 0700, as on this project's CI machines) is shown to the user through a
+(pyenv in root's home folder, 0700, as on this project's CI machines) is shown to the user through a
 private mount namespace: an empty 0711 folder over each closed folder on the way, holding only
 the paths the run reads (the interpreter's installation, the environment, the checkout). The
 user sees those paths and nothing else of root's; everything the run reads and writes is the
