@@ -366,13 +366,28 @@ def test_a_cloud_file_expectation_is_served_from_the_store_to_the_getter(tmp_pat
     desktop-env's own get_cloud_file, behind the checker's relay, returns the stored bytes."""
     files, served = frozen
     b_url, c_url = sorted(u for u in served if u.endswith(("/b.txt", "/c.bin")))
+    other = next(u for u in sorted(served) if u not in (b_url, c_url))  # another task's file
+    config = {"type": "cloud_file", "multi": True, "path": [b_url, c_url],
+              "dest": ["b.txt", "c.bin"], "gives": [0, 1]}  # fmt: skip
+    task = {"evaluator": {"func": "compare", "result": {"type": "vm_file"}, "expected": config}}
     pool = types.SimpleNamespace(files=files, config=None)
-    access = _Access(pool, types.SimpleNamespace(channel=None))  # no environment to reach
+    access = _Access(pool, types.SimpleNamespace(channel=None, task=task))  # no env to reach
     from urllib.parse import urlencode
 
-    reply = access.http("GET", f"/cloud_file?{urlencode({'url': b_url})}", "", b"")
+    ask = lambda url: access.http("GET", f"/cloud_file?{urlencode({'url': url})}", "", b"")  # noqa: E731
+    reply = ask(b_url)
     assert reply["status"] == 200 and reply["body"] == served[b_url]
-    assert access.http("GET", "/cloud_file?url=http%3A%2F%2Fx%2Fy", "", b"")["status"] == 404
+    # a frozen file this task's evaluator does not name: refused, though the store has it
+    assert other in served and ask(other)["status"] == 403
+    assert ask("http://x/y")["status"] == 403
+    wide = {"evaluator": {**task["evaluator"], "expected": {**config, "path": [*config["path"],
+            "http://x/y"]}}}  # fmt: skip
+    assert (
+        _Access(pool, types.SimpleNamespace(channel=None, task=wide)).http(
+            "GET", "/cloud_file?url=http%3A%2F%2Fx%2Fy", "", b""
+        )["status"]
+        == 404
+    )  # named, but not frozen
 
     from envab.envs.xdesktop.cloud_files import get_cloud_file
     from envab.envs.xdesktop.evaluate import load
@@ -382,8 +397,6 @@ def test_a_cloud_file_expectation_is_served_from_the_store_to_the_getter(tmp_pat
             http_server=f"http://127.0.0.1:{relay.port}", cache_dir=str(tmp_path / "cache")
         )
         (tmp_path / "cache").mkdir()
-        config = {"type": "cloud_file", "multi": True, "path": [b_url, c_url],
-                  "dest": ["b.txt", "c.bin"], "gives": [0, 1]}  # fmt: skip
         got = get_cloud_file(load("getters", "get_cloud_file"), env, config)
     assert [Path(p).read_bytes() for p in got] == [served[b_url], served[c_url]]
 

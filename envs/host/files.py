@@ -8,7 +8,8 @@ store the freeze wrote (`envs/tasks/filestore.py`), never from the network.
 - A `cloud_file` expectation: the checker asks for `CLOUD_FILE_ROUTE?url=<url>` through its relay,
   and the host answers from the store (`cloud_file_reply`) instead of passing it to the
   environment; the getter (envs/xdesktop/cloud_files.py) places the bytes in its cache, where
-  desktop-env's own `get_cloud_file` finds them and fetches nothing.
+  desktop-env's own `get_cloud_file` finds them and fetches nothing. Only the files the task's
+  own evaluator names (`cloud_urls`): a checker cannot read another task's expected files.
 """
 
 from __future__ import annotations
@@ -58,12 +59,29 @@ def is_cloud_file(path: str) -> bool:
     return urlsplit(path).path == CLOUD_FILE_ROUTE
 
 
-def cloud_file_reply(path: str, files: FrozenFiles | None) -> dict:
-    """The answer to a checker's `CLOUD_FILE_ROUTE?url=...`: the file's bytes from the store,
-    or an error status naming why not (the getter then fails, and the attempt is invalid)."""
+def cloud_urls(evaluator: Mapping) -> frozenset[str]:
+    """The URLs the `cloud_file` getters of `evaluator` name (its result and expected, each
+    one getter or a list; a getter's `path` one URL or, `multi`, a list)."""
+    found = set()
+    for key in ("result", "expected"):
+        value = evaluator.get(key)
+        for getter in value if isinstance(value, list) else [value]:
+            if isinstance(getter, Mapping) and getter.get("type") == "cloud_file":
+                paths = getter.get("path")
+                found |= {p for p in (paths if isinstance(paths, list) else [paths])
+                          if isinstance(p, str)}  # fmt: skip
+    return frozenset(found)
+
+
+def cloud_file_reply(path: str, files: FrozenFiles | None, allowed: frozenset[str]) -> dict:
+    """The answer to a checker's `CLOUD_FILE_ROUTE?url=...`: the file's bytes from the store
+    when `allowed` (the task's own `cloud_urls`) names it, or an error status naming why not
+    (the getter then fails, and the attempt is invalid)."""
     urls = parse_qs(urlsplit(path).query).get("url", [])
     if len(urls) != 1:
         return _error(400, "ask for one url")
+    if urls[0] not in allowed:
+        return _error(403, f"{urls[0]} is no cloud file of this task's evaluator")
     try:
         if files is None:
             raise FileNotFrozen("this host has no frozen files (start it with --files)")

@@ -44,7 +44,7 @@ from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS, check_embedded_host
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host import namespaces
 from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
-from envab.envs.host.files import cloud_file_reply, is_cloud_file, stage_messages
+from envab.envs.host.files import cloud_file_reply, cloud_urls, is_cloud_file, stage_messages
 from envab.envs.host.gvisor import Gvisor, Sandbox
 from envab.envs.host.runc import Runc
 from envab.envs.host.worker import load_object
@@ -751,7 +751,8 @@ class _Access:
 
     def http(self, method: str, path: str, content_type: str, body: bytes) -> dict:
         if is_cloud_file(path):  # a cloud_file expectation: from the frozen store, not the env
-            return cloud_file_reply(path, self.pool.files)
+            allowed = cloud_urls(self.env.task.get("evaluator") or {})  # this task's files only
+            return cloud_file_reply(path, self.pool.files, allowed)
         request = ("http", method, path, content_type, body)
         # A checker's request reads what a set-up made (a whole file, the whole accessibility
         # tree: Chromium's took more than a step's 60 s in a QEMU guest under TCG), so it may
