@@ -39,6 +39,7 @@ from envab.hashing import sha256_file
 from envab.io import atomic_write_text
 from envab.machine_load import cpu_ticks
 from envab.progress import job_console
+from envab.trainer.guards import check_code, check_receipts, held_out
 
 PSI_CPU = Path("/proc/pressure/cpu")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -179,10 +180,15 @@ def window_command(args, pins: Path, run_dir: Path, window: int) -> list[str]:
 
 
 def run_blocks(args, console) -> list[dict]:
-    prereg, _ = preregistration.frozen_inputs(args)
+    prereg, receipts = preregistration.frozen_inputs(args)
     rule = prereg.timing
     if rule is None:
         raise Refusal(f"{args.target}: no timing blocks are registered (target.yaml: timing)")
+    # The refusals every window's training would make, made once here, naming the item: a
+    # tampered receipt or edited code stops the job before any window runs (and its log says
+    # why, where a window's refusal would be in that window's own log).
+    check_receipts(receipts, unread=held_out)
+    check_code(receipts)
     pins = {
         (p.parent.parent.name, int(p.parent.name.removeprefix("seed"))): p
         for p in map(Path, args.pins)
@@ -237,9 +243,16 @@ def run_blocks(args, console) -> list[dict]:
                 shutil.rmtree(folder / arm / "checkpoints", ignore_errors=True)
             if not reasons or any(w["exit"] != 0 for w in windows.values()):
                 break
-        if any(w["exit"] != 0 for w in executions[-1]["windows"].values()):
+        failed = [arm for arm, w in executions[-1]["windows"].items() if w["exit"] != 0]
+        if failed:
+            log = folder / failed[0] / "train.log"
+            said = (
+                log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+            )
             raise Refusal(
-                f"block {block}: a window's training failed (its log: {folder}/<arm>/train.log)"
+                f"block {block}: {failed[0]}'s window failed ({log}"
+                + (f": {said[0][-300:]}" if said else "")
+                + ")"
             )
     return executions
 
