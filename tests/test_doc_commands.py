@@ -103,6 +103,8 @@ def snakemake_commands() -> dict[str, list[str]]:
             joined = re.sub(r"\\\n\s*", " ", code)
             for line in joined.splitlines():
                 for args in SNAKEMAKE.findall(line.split(" #")[0]):
+                    if "..." in args or "<" in args:  # a placeholder a page names, not a command
+                        continue
                     key = " ".join(args.split())
                     found.setdefault(key, []).append(str(page.relative_to(REPO)))
     return found

@@ -33,6 +33,8 @@ RUNTIME = {
     "DrumsError": "a host's answer to one request mid-run; open_arm reports a refused start "
     "as ArmError",
     "FaultsDisabled": "a fault switch sent to a host started without them: answered 403",
+    "FilterError": "libseccomp or the kernel refused a seccomp filter: raised as the sandbox's or "
+    "the checker's ConfinementError, which stops it before it serves or scores",
     "FileNotFrozen": "a file a task downloads is not in the host's frozen store (or has other "
     "bytes): the set-up gate fails, or the checker gets no file",
     "ForkUnsupported": "a backend that cannot fork: the caller creates sessions instead",
