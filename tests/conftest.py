@@ -194,9 +194,9 @@ def frozen(frozen_once, tmp_path, make_workflow) -> Workflow:
 # booting, a package downloading), which a third worker fills. The rest keep their order.
 FIRST = (
     "test_answer.py",
+    "test_slurm.py",  # a SLURM cluster's packages, then the small run through it
     "test_rehearsal.py",
     "test_xdesktop.py",
-    "test_slurm.py",  # a SLURM cluster's packages, then the small run through it
     "test_train.py",
     "test_eval_corruption_run.py",
     "test_multiturn_xdesktop.py",
