@@ -463,13 +463,17 @@ def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
 
 
-def _share(path: Path) -> None:
-    """A record of the cache, readable by every user of it (written 0600 like every record)."""
-    path.chmod(0o644)
+def _read(record: Path, config: ImageConfig) -> dict:
+    """A record of the cache; one root wrote 0600 (before records were shared) is refused with
+    how to build it, not a traceback."""
+    try:
+        return json.loads(record.read_text())
+    except PermissionError:
+        raise BuildError(f"{record} is not readable here: {_as_root(config)}") from None
 
 
 def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
-    def building(what: str, where: Path) -> None:
+    def building(what: str, by_a_user: bool = False) -> None:
         if not build:
             raise BuildError(
                 f"{what} is not built under {config.cache}: run "
@@ -477,8 +481,9 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
                 f"--memory {config.memory_mib}"
             )
         # The base is debootstrap's (root's), and the image reads the base's root-only files:
-        # an ordinary user builds neither. The warm stage only boots the image, where writable.
-        if os.geteuid() != 0 and not (where.name.startswith("warm") and _writable(where.parent)):
+        # an ordinary user builds neither. The warm stage only boots the image (`by_a_user`
+        # where its folder is the user's to write).
+        if os.geteuid() != 0 and not by_a_user:
             raise BuildError(f"{what} is not built under {config.cache}: {_as_root(config)}")
         log(what)
 
@@ -496,17 +501,14 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     image_record = image_dir / "image.json"
     if not image_record.is_file():
         if not base_record.is_file():
-            building(
-                f"guest base {base_digest[:16]}: debootstrap {config.suite} (minutes)", base_dir
-            )
+            building(f"guest base {base_digest[:16]}: debootstrap {config.suite} (minutes)")
             t0 = time.monotonic()
             built = build_base(config, base_dir / "rootfs")
             timings["base_s"] = round(time.monotonic() - t0, 1)
             atomic_write_json(
                 base_record, {"digest": base_digest, "inputs": base_inputs(config), **built}
             )
-            _share(base_record)
-        building(f"guest image {image_digest[:16]}: root file system and qcow2", image_dir)
+        building(f"guest image {image_digest[:16]}: root file system and qcow2")
         t0 = time.monotonic()
         digests = build_image(base_dir / "rootfs", image_dir)
         timings["image_s"] = round(time.monotonic() - t0, 1)
@@ -519,12 +521,8 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
                 "files": digests,
             },
         )
-        _share(image_record)
-    try:
-        base = json.loads(base_record.read_text()) if base_record.is_file() else {}
-        image = json.loads(image_record.read_text())
-    except PermissionError as e:
-        raise BuildError(f"{e.filename} is not readable here: {_as_root(config)}") from None
+    base = _read(base_record, config) if base_record.is_file() else {}
+    image = _read(image_record, config)
 
     spec = VMSpec(
         root=image_dir / "root.qcow2",
@@ -537,16 +535,11 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
     warm_digest = sha256_json(winputs)
     stem = f"warm-{config.memory_mib}-{accel.mode}"
     warm_path, warm_json = image_dir / f"{stem}.qcow2", image_dir / f"{stem}.json"
-    if os.geteuid() == 0:  # records of a cache built before they were shared
-        for record in (base_record, image_record, warm_json):
-            if record.is_file():
-                _share(record)
-    if warm_json.is_file() and json.loads(warm_json.read_text())["digest"] == warm_digest:
-        warm = json.loads(warm_json.read_text())
-    else:
+    warm = _read(warm_json, config) if warm_json.is_file() else {}
+    if warm.get("digest") != warm_digest:
         building(
             f"warm snapshot {stem}: boot under {accel.mode}, wait for the desktop, savevm",
-            warm_path,
+            by_a_user=_writable(image_dir),
         )
         t0 = time.monotonic()
         tmp = warm_path.with_suffix(".tmp")
@@ -556,7 +549,12 @@ def _ensure_guest(config: ImageConfig, log, build: bool) -> GuestRecord:
         timings["warm_s"] = round(time.monotonic() - t0, 1)
         warm.update(digest=warm_digest, inputs=winputs, sha256=sha256_file(warm_path))
         atomic_write_json(warm_json, warm)
-        _share(warm_json)
+    if os.geteuid() == 0:
+        # Every record root built or found, readable by every user of the cache (each is
+        # written 0600, like every record): a user's run reads them and writes nothing here.
+        for record in (base_record, image_record, warm_json):
+            if record.is_file():
+                record.chmod(0o644)
 
     rel = image_dir.relative_to(cache)
     files = {

@@ -498,6 +498,7 @@ def select(
     counts = {w: {} for w in WORLDS}
     for t in frozen.tasks:
         domain = t.task.get("domain") or "_none"
+        infeasible_task = is_infeasible(t.task)
         worlds = assess(t, image)
         blocking = worlds[world] if world else list(t.unscorable)
         wanted = doms is None or domain in doms
@@ -525,9 +526,9 @@ def select(
             "runnable": {w: not reasons for w, reasons in worlds.items()},
             "reasons": {w: _names(reasons) for w, reasons in worlds.items()},
             "selected": chosen,
-            **({"infeasible": True} if is_infeasible(t.task) else {}),
+            **({"infeasible": True} if infeasible_task else {}),
         }
-        if is_infeasible(t.task):
+        if infeasible_task:
             infeasible["total"] += 1
             infeasible["selected"] += chosen
             for w, reasons in worlds.items():
