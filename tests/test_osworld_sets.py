@@ -328,6 +328,8 @@ def test_a_task_scored_on_a_live_pages_content_is_named_by_its_host_one_on_its_a
     assert web(address) == []  # a page that never loaded keeps its address
     assert web(named) == ["web:www.example.com"]  # the page the getter itself loads
     assert web(local) == []  # a page of this machine's
+    filed = chrome_task("file", {"type": "active_tab_info"}, opens="file:///root/list.html")
+    assert web(filed) == []  # a file the set-up wrote: this machine's too, not `web:page`
     unnamed = {**content, "config": []}
     assert web(unnamed) == ["web:page"]  # no address at all: the page the agent is to open
     # and the census counts it by its reason, the task left out under the runnable rule

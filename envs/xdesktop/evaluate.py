@@ -300,12 +300,13 @@ def live_pages(task: Mapping) -> list[tuple[str, str]]:
     return gaps
 
 
-_ADDRESS = re.compile(r"https?://[^\s\"'<>]+")
+# file:// pages count as addresses: they are the machine's own (no host), never a live site
+_ADDRESS = re.compile(r"(?:https?|file)://[^\s\"'<>]+")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 
 def _addresses(value) -> list[str]:
-    """Every http(s) address in a parameter (a string, or strings nested in lists)."""
+    """Every http(s) or file address in a parameter (a string, or strings nested in lists)."""
     if isinstance(value, str):
         return _ADDRESS.findall(value)
     if isinstance(value, list):
