@@ -79,6 +79,29 @@ def speed_verdict(record: dict, smallest_effect: float | None) -> str:
     )
 
 
+def power_at_smallest(log_ratios: Sequence[float], alpha: float, smallest_effect: float) -> dict:
+    """The blocks' power to tell a ratio of `smallest_effect` (or its inverse) from 1: the
+    two-sided one-sample t test over as many blocks, at alpha, with the spread of these blocks'
+    log ratios as the noise. A claim of no difference means something
+    only where this is high; an A/A's blocks give the noise with no effect in it."""
+    n = len(log_ratios)
+    if n < 2:
+        return {"blocks": n, "power": None, "reason": "fewer than two blocks"}
+    mean = sum(log_ratios) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in log_ratios) / (n - 1))
+    effect = abs(math.log(smallest_effect))
+    if sd == 0:  # no spread: any effect at all is told from none
+        return {"blocks": n, "sd_log_ratio": 0.0, "power": 1.0}
+    # the noncentral t's two tails, as statsmodels' TTestPower computes them; taken from scipy
+    # here because the far tail underflows to NaN once the effect is many SDs (TTestPower then
+    # answers NaN where the power is 1)
+    shift = effect / sd * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, n - 1)
+    far = stats.nct.cdf(-crit, n - 1, shift)
+    power = stats.nct.sf(crit, n - 1, shift) + (0.0 if math.isnan(far) else far)
+    return {"blocks": n, "sd_log_ratio": sd, "power": float(min(1.0, power))}
+
+
 def trimmed(log_ratios: Sequence[float]) -> list[float]:
     """The sensitivity line's blocks, as MLPerf scores a set of runs: the fastest and the
     slowest block dropped (needs at least four)."""
@@ -123,6 +146,9 @@ def judge_blocks(
         "blocks_kept": [b["block"] for b in kept],
         "log_ratios": logs,
         **blocked_ratio(logs, alpha, smallest_effect),
+        "power_at_smallest": (
+            power_at_smallest(logs, alpha, smallest_effect) if smallest_effect else None
+        ),
         "sensitivity": (
             {
                 "rule": "fastest and slowest block dropped",

@@ -583,16 +583,18 @@ def _of(runs: list[RunRecords], arm: str) -> list[RunRecords]:
 
 def judge_all(runs: list[RunRecords], prereg: Preregistration) -> dict:
     """The determinism row and every control's judgement, by the rules that hold."""
+    # by the runs' name: two controls may share a name on different arms (an A/A on each)
     evidence = {
-        c.name: compare(c, _of(runs, c.arm), _of(runs, c.run_arm), prereg) for c in prereg.controls
+        c.run_arm: compare(c, _of(runs, c.arm), _of(runs, c.run_arm), prereg)
+        for c in prereg.controls
     }
     aa = [
-        {"name": c.name, **evidence[c.name]}
+        {"name": c.run_arm, **evidence[c.run_arm]}
         for c in prereg.controls
-        if c.expect == "same" and evidence[c.name] is not None
+        if c.expect == "same" and evidence[c.run_arm] is not None
     ]
     case = determinism(prereg, aa)
-    judgements = [_judgement(c, evidence[c.name], case["rules"]) for c in prereg.controls]
+    judgements = [_judgement(c, evidence[c.run_arm], case["rules"]) for c in prereg.controls]
     return {"determinism": case, "controls": judgements}
 
 

@@ -431,7 +431,13 @@ def compute_outcome(
     tests = {(b, c): _tests(rows, b, c, prereg) for b, c in pairs}
     confirmation = getattr(prereg, "confirmation", None)
     measured = (
-        speed.section(timing, pairs, primary.alpha, primary.smallest_effect)
+        speed.section(
+            timing,
+            pairs,
+            primary.alpha,
+            primary.smallest_effect,
+            getattr(prereg, "timed_controls", ()),
+        )
         if timing is not None
         else None
     )
@@ -765,6 +771,19 @@ def render_markdown(outcome: dict) -> str:
         ]
     lines += ["## Primary endpoint (pre-registered)", ""]
     lines += [_primary_line(p) for p in outcome.get("primary", [])] or ["- one arm: –"]
+    timed = (outcome.get("speed") or {}).get("controls") or []
+    if timed:
+        missed = [c for c in timed if c["verdict"] != "as expected"]
+        lines.append(
+            "- Controls timed in the same blocks, judged by this endpoint: "
+            + (
+                "all as expected (" + ", ".join(c["runs_as"] for c in timed) + ")."
+                if not missed
+                else "**"
+                + "; ".join(f"{c['runs_as']} {c['verdict']}" for c in missed)
+                + "**: the blocks' speed verdict is not backed by its controls."
+            )
+        )
     lines.append("")
     if outcome.get("speed"):
         lines += speed.lines(outcome["speed"])
@@ -977,6 +996,10 @@ def main(argv: list[str] | None = None) -> int:
             # (the old coincidence check is a historical comparison and stays out)
             "primary": {
                 f"{p['candidate']}/{p['baseline']}": p["verdict"] for p in outcome["primary"]
+            },
+            # the timed controls' verdicts by the primary endpoint (analysis/speed.py)
+            "timed_controls": {
+                c["runs_as"]: c["verdict"] for c in (outcome.get("speed") or {}).get("controls", [])
             },
             "curves": {
                 f"{c['candidate']}/{c['baseline']}": c["curves"].get("claim")

@@ -12,9 +12,11 @@ wall-clock does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from statistics import median
 
 from envab.analysis.blocks import judge_blocks, seconds_per_valid
+from envab.preregistration import Control
 
 CLOCKS = {
     "wall_clock_s": "training loop",
@@ -32,8 +34,15 @@ def env_cpu_per_valid(executions: list[dict], arm: str) -> float | None:
     return median(values) if values else None
 
 
-def section(executions: list[dict], pairs: list[tuple[str, str]], alpha: float, smallest) -> dict:
-    """Every pair's speed on both clocks, and the table of executions."""
+def section(
+    executions: list[dict],
+    pairs: list[tuple[str, str]],
+    alpha: float,
+    smallest,
+    controls: Sequence[Control] = (),
+) -> dict:
+    """Every pair's speed on both clocks, the timed controls judged by the primary endpoint,
+    and the table of executions."""
     arms = sorted({arm for e in executions for arm in e["windows"]})
     return {
         "pairs": [
@@ -43,9 +52,36 @@ def section(executions: list[dict], pairs: list[tuple[str, str]], alpha: float, 
             }
             for baseline, candidate in pairs
         ],
+        "controls": [judge_control(executions, c, alpha, smallest) for c in controls],
         "env_cpu_s_per_valid": {arm: env_cpu_per_valid(executions, arm) for arm in arms},
         "executions": executions,
     }
+
+
+def judge_control(executions: list[dict], control: Control, alpha: float, smallest) -> dict:
+    """A timed control judged by the primary endpoint (the training loop's seconds per valid
+    trajectory, the control's runs over its base arm's in the same blocks). An A/A (same) is as
+    expected where the interval covers 1: a difference found where there is none says the
+    blocks are not measuring the infrastructure. A handicap (slower) is as expected where the
+    interval lies above 1: sized at the smallest effect of interest, it shows the blocks find a
+    slowdown of the size that matters. Each with the blocks' power at that size."""
+    record = {
+        "name": control.name,
+        "arm": control.arm,
+        "runs_as": control.run_arm,
+        "expect": control.expect,
+    }
+    missing = [e["block"] for e in executions if control.run_arm not in e["windows"]]
+    if missing:  # registered, never timed: not a pass
+        why = f"no {control.run_arm} window in block(s) {sorted(set(missing))}"
+        return {**record, "judged": {"verdict": why}, "verdict": "not tested", "reason": why}
+    judged = judge_blocks(executions, control.arm, control.run_arm, alpha, smallest)
+    record["judged"] = judged
+    if judged.get("interval") is None:
+        return {**record, "verdict": "not tested", "reason": judged["verdict"]}
+    low, high = judged["interval"]
+    held = low <= 1 <= high if control.expect == "same" else low > 1
+    return {**record, "verdict": "as expected" if held else "NOT as expected"}
 
 
 def primary(pair: dict) -> dict:
@@ -108,6 +144,38 @@ def _load_cell(window: dict) -> str:
     return ", ".join(parts)
 
 
+EXPECTED = {
+    "same": "interval covers 1 (an A/A: no difference where there is none)",
+    "slower": "interval above 1 (a handicap at the smallest effect of interest: found)",
+}
+
+
+def _power_lines(judged: dict, what: str) -> list[str]:
+    power = judged.get("power_at_smallest")
+    if not power or power.get("power") is None:
+        return []
+    return [
+        f"  - power at the smallest effect of interest ({judged['smallest_effect']:g}) for "
+        f"{what}: {power['power']:.2f} ({power['blocks']} blocks, SD of log ratios "
+        f"{power['sd_log_ratio']:.3f}, two-sided t at alpha {judged['alpha']:g})"
+    ]
+
+
+def control_lines(controls: list[dict]) -> list[str]:
+    """The timed controls' verdicts by the primary endpoint, each with its power."""
+    if not controls:
+        return []
+    out = ["- **Controls by the primary endpoint** (the training loop, control/base arm):"]
+    for c in controls:
+        said = _ratio_text(c["judged"])
+        out.append(
+            f"  - {c['runs_as']}/{c['arm']} ({c['expect']}: {EXPECTED[c['expect']]}): {said}; "
+            f"**{c['verdict']}**"
+        )
+        out += ["  " + line for line in _power_lines(c["judged"], c["runs_as"])]
+    return out
+
+
 def lines(speed: dict) -> list[str]:
     """The markdown of the speed section."""
     out = ["## Speed: seconds per valid trajectory in timing blocks", ""]
@@ -119,6 +187,9 @@ def lines(speed: dict) -> list[str]:
             sensitivity = pair[clock].get("sensitivity")
             if sensitivity and sensitivity.get("ratio") is not None:
                 out.append(f"    - sensitivity, {sensitivity['rule']}: {_ratio_text(sensitivity)}")
+    for pair in speed["pairs"]:
+        out += _power_lines(pair["wall_clock_s"], pair["wall_clock_s"]["candidate"])
+    out += control_lines(speed.get("controls") or [])
     cpu = speed["env_cpu_s_per_valid"]
     if cpu:
         out.append(

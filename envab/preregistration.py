@@ -196,6 +196,9 @@ class TimingRule:
     max_load_difference: float
     max_steal: float
     max_reruns: int
+    # the registered controls' runs (<arm>-<name>) timed in every block beside the arms, each
+    # judged by the primary endpoint against its base arm (analysis/speed.py)
+    controls: tuple[str, ...] = ()
 
 
 #: What each control's `expect` needs of its settings (envs/controls.py).
@@ -325,7 +328,11 @@ class Preregistration:
             primary=PrimaryEndpoint(**data["primary_endpoint"]),
             determinism=data["determinism"],
             control_seeds=tuple(data["control_seeds"]) if "control_seeds" in data else None,
-            timing=TimingRule(**data["timing"]) if "timing" in data else None,
+            timing=(
+                TimingRule(**{**data["timing"], "controls": tuple(data["timing"]["controls"])})
+                if "timing" in data
+                else None
+            ),
         )
         prereg._cross_check(path)
         prereg._check_controls(path)
@@ -378,11 +385,11 @@ class Preregistration:
             raise ConfigError(f"{path}: confirmation.delta: {c.delta} leaves no rate to rule out")
 
     def _check_controls(self, path) -> None:
-        names = [c.name for c in self.controls]
+        runs_as = [c.run_arm for c in self.controls]
         for control in self.controls:
             where = f"{path}: controls: {control.name}"
-            if names.count(control.name) > 1:
-                raise ConfigError(f"{where}: the name is used twice")
+            if runs_as.count(control.run_arm) > 1:
+                raise ConfigError(f"{where}: two controls run as {control.run_arm!r}")
             if control.arm not in self.arms:
                 raise ConfigError(f"{where}: arm {control.arm!r} is not one of {list(self.arms)}")
             if control.run_arm in self.arms:
@@ -415,6 +422,29 @@ class Preregistration:
             )
         if self.controls and not self.equivalence:
             raise ConfigError(f"{path}: controls are judged by the equivalence test: register one")
+        for name in self.timing.controls if self.timing else ():
+            control = next((c for c in self.controls if c.run_arm == name), None)
+            if control is None:
+                raise ConfigError(
+                    f"{path}: timing.controls: {name!r} is not a registered control's runs "
+                    f"(<arm>-<name>: {runs_as})"
+                )
+            if control.expect not in ("same", "slower"):
+                raise ConfigError(
+                    f"{path}: timing.controls: {name!r} expects {control.expect}: the blocks "
+                    "judge speed, so only an A/A (same) or a handicap (slower) is timed"
+                )
+
+    @property
+    def timed_controls(self) -> tuple[Control, ...]:
+        """The controls timed in every block beside the arms (timing.controls)."""
+        names = self.timing.controls if self.timing else ()
+        return tuple(c for c in self.controls if c.run_arm in names)
+
+    @property
+    def timed_arms(self) -> tuple[str, ...]:
+        """Every window of a timing block: the arms, then the timed controls' runs."""
+        return self.arms + tuple(c.run_arm for c in self.timed_controls)
 
     def check_budget_fit(self, setups_per_valid: Mapping[str, float]) -> None:
         """Refuse a handicap control whose registered delay cannot fit the wall-clock budget.

@@ -227,9 +227,10 @@ TIMING = f"{RESULTS}/timing/blocks.jsonl" if PREREG.timing and not SELECTED else
 
 
 def timing_pins():
-    """The pins of every A/B run a timing block replays (its seed on every arm)."""
+    """The pins of every run a timing block replays: its seed on every arm, and on every timed
+    control (pins only: a control trains on control_seeds alone)."""
     seeds = sorted({block_seed(PREREG.seeds, k) for k in range(PREREG.timing.blocks)})
-    return [f"{run_dir(arm, seed)}/pins.json" for arm in PREREG.arms for seed in seeds]
+    return [f"{run_dir(arm, seed)}/pins.json" for arm in PREREG.timed_arms for seed in seeds]
 
 
 def timing_guests(wildcards):

@@ -131,3 +131,73 @@ def test_a_block_whose_last_execution_is_inadmissible_does_not_count():
     judged = judge_blocks(executions, "qemu", "drums", 0.05, 0.8)
     assert judged["blocks_kept"] == [0]
     assert judged["verdict"] == "not tested: fewer than two blocks"
+
+
+def timed(base_s: list[float], control_s: list[float]) -> list[dict]:
+    """Blocks with the base arm and one timed control (drums-aa or drums-handicap)."""
+    return [
+        {
+            "block": k,
+            "execution": 0,
+            "admissible": True,
+            "windows": {"drums": window(wall_clock_s=b), "drums-ctl": window(wall_clock_s=c)},
+        }
+        for k, (b, c) in enumerate(zip(base_s, control_s, strict=True))
+    ]
+
+
+def control(expect: str):
+    from envab.preregistration import Control
+
+    if expect == "same":
+        return Control(name="ctl", arm="drums", expect="same")
+    return Control(name="ctl", arm="drums", expect="slower", reset_delay_s=0.16)
+
+
+BASE = [5.0, 5.3, 4.8, 5.1, 5.2, 4.9, 5.0, 5.4]
+NOISE = [1.01, 0.98, 1.02, 0.99, 1.0, 1.03, 0.97, 1.0]  # timing noise between two windows
+
+
+@pytest.mark.parametrize(
+    ("expect", "factor", "verdict"),
+    [
+        ("same", 1.0, "as expected"),  # an A/A: no difference where there is none
+        ("same", 1.25, "NOT as expected"),  # an "A/A" 25 % slower: the blocks see a difference
+        ("slower", 1.25, "as expected"),  # a handicap at the smallest effect (1 / 0.8): found
+        ("slower", 1.0, "NOT as expected"),  # a handicap that slowed nothing: not found
+    ],
+)
+def test_a_timed_control_is_judged_by_the_primary_endpoint_and_flips(expect, factor, verdict):
+    from envab.analysis.speed import control_lines, judge_control
+
+    executions = timed(BASE, [b * n * factor for b, n in zip(BASE, NOISE, strict=True)])
+    judged = judge_control(executions, control(expect), alpha=0.05, smallest=0.8)
+    assert judged["verdict"] == verdict, judged["judged"]
+    assert judged["judged"]["baseline"] == "drums" and judged["judged"]["candidate"] == "drums-ctl"
+    # at this noise eight blocks tell 0.8 from 1 nearly always: the verdict means something
+    assert judged["judged"]["power_at_smallest"]["power"] > 0.99
+    text = "\n".join(control_lines([judged]))
+    assert f"drums-ctl/drums ({expect}:" in text and f"**{verdict}**" in text
+
+
+def test_a_timed_control_on_one_block_is_not_tested():
+    from envab.analysis.speed import judge_control
+
+    judged = judge_control(timed([5.0], [5.0]), control("same"), alpha=0.05, smallest=0.8)
+    assert judged["verdict"] == "not tested"
+
+
+def test_the_blocks_power_falls_with_their_noise_as_the_t_test_says():
+    from envab.analysis.blocks import power_at_smallest
+
+    quiet = [math.log(n) for n in NOISE]
+    noisy = [15 * x for x in quiet]  # about 0.27 SD: the power well below 1
+    low, high = power_at_smallest(noisy, 0.05, 0.8), power_at_smallest(quiet, 0.05, 0.8)
+    assert low["power"] < 0.9 < high["power"]
+    # the same power as statsmodels' TTestPower gives where it answers at all
+    from statsmodels.stats.power import TTestPower
+
+    n, sd = low["blocks"], low["sd_log_ratio"]
+    theirs = TTestPower().power(effect_size=abs(math.log(0.8)) / sd, nobs=n, alpha=0.05)
+    assert low["power"] == pytest.approx(theirs, rel=1e-6)
+    assert power_at_smallest([0.1], 0.05, 0.8)["power"] is None

@@ -226,11 +226,12 @@ def test_a_control_trains_to_its_own_budget_and_every_other_run_to_the_a_bs(tmp_
 # -- registration -------------------------------------------------------------------------------
 
 
-def registered(tmp_path, controls, equivalence=True, budget=None) -> Path:
-    """The shipped target with these controls, an equivalence reference below its threshold and
-    (where given) this budget."""
+def registered(tmp_path, controls, equivalence=True, budget=None, timed=()) -> Path:
+    """The shipped target with these controls (`timed` of them in the timing blocks), an
+    equivalence reference below its threshold and (where given) this budget."""
     target = yaml.safe_load(SHIPPED_TARGET.read_text())
     target["controls"] = controls
+    target["timing"]["controls"] = list(timed)
     start = target["target"]["threshold"] / 2
     target["equivalence"] = {"reference_start": start, "margin_fraction": 0.5}
     target["budget"].update(budget or {})
@@ -251,7 +252,7 @@ def registered(tmp_path, controls, equivalence=True, budget=None) -> Path:
             True,
             "takes no change, got flip_rewards",
         ),
-        ([{"name": "aa", "arm": "drums", "expect": "same"}] * 2, True, "used twice"),
+        ([{"name": "aa", "arm": "drums", "expect": "same"}] * 2, True, "two controls run as"),
         ([{"name": "aa", "arm": "drums", "expect": "same"}], False, "register one"),
         (
             [{"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": 100}],
@@ -270,6 +271,37 @@ def test_a_control_that_cannot_test_what_it_expects_is_refused(
 ):
     with pytest.raises(ConfigError, match=message):
         Preregistration.load(registered(tmp_path, controls, equivalence))
+
+
+AA_BOTH = [
+    {"name": "aa", "arm": "drums", "expect": "same"},
+    {"name": "aa", "arm": "qemu", "expect": "same"},
+    {"name": "handicap", "arm": "drums", "expect": "slower", "reset_delay_s": 0.16},
+    {"name": "corruption", "arm": "drums", "expect": "differ", "flip_rewards": 0.1},
+]
+
+
+def test_timed_controls_join_every_block_after_the_arms(tmp_path):
+    timed = ["drums-aa", "qemu-aa", "drums-handicap"]
+    prereg = Preregistration.load(registered(tmp_path, AA_BOTH, timed=timed))
+    # an A/A on each arm: one name, two runs
+    assert [c.run_arm for c in prereg.timed_controls] == timed
+    assert prereg.timed_arms == ("qemu", "drums", *timed)
+    untimed = Preregistration.load(registered(tmp_path, AA_BOTH))
+    assert untimed.timed_controls == () and untimed.timed_arms == ("qemu", "drums")
+
+
+@pytest.mark.parametrize(
+    ("timed", "message"),
+    [
+        (["drums-nope"], "'drums-nope' is not a registered control's runs"),
+        (["aa"], "'aa' is not a registered control's runs"),  # the runs' name, not the control's
+        (["drums-corruption"], "expects differ: the blocks judge speed"),
+    ],
+)
+def test_a_timed_control_that_the_blocks_cannot_judge_is_refused(tmp_path, timed, message):
+    with pytest.raises(ConfigError, match=message):
+        Preregistration.load(registered(tmp_path, AA_BOTH, timed=timed))
 
 
 def test_a_controls_arm_is_its_base_arm_with_the_change_and_its_price():

@@ -174,7 +174,7 @@ def test_without_determinism_every_control_is_as_expected_and_none_by_constructi
     result = judge_all(not_deterministic, prereg("not_expected"))
     case = result["determinism"]
     assert case["observed"] == "not bit-deterministic"
-    assert case["evidence"].startswith("A/A aa seed 1 diverged at step 1")
+    assert case["evidence"].startswith("A/A drums-aa seed 1 diverged at step 1")
     assert (case["rules"], case["verdict"]) == ("not deterministic", "as expected")
     assert verdicts(result) == {
         "aa": "as expected",
@@ -196,7 +196,7 @@ def test_without_determinism_every_control_is_as_expected_and_none_by_constructi
     assert by["handicap"]["time_test"]["verdict"] == "recovered"
     assert by["handicap"]["time_test"]["alpha"] == pytest.approx(0.05 / 3)
     text = render_markdown(result["controls"], case)
-    assert "Observed: not bit-deterministic (A/A aa seed 1 diverged at step 1" in text
+    assert "Observed: not bit-deterministic (A/A drums-aa seed 1 diverged at step 1" in text
     assert "| determinism | the A/A |" in text and "excess reward disagreement" in text
 
 

@@ -321,6 +321,10 @@ def frozen_target(root: Path, monkeypatch) -> Path:
     target["arms"] = ["restore", "drums"]
     target["prices"]["host_usd_per_hour"] = {"restore": 0.1, "drums": 0.1}
     target["evaluation"]["backend"] = "restore"
+    # the shipped controls on the qemu arm (its A/A) go with it, from the blocks too
+    target["controls"] = [c for c in target["controls"] if c["arm"] in target["arms"]]
+    runs = {f"{c['arm']}-{c['name']}" for c in target["controls"]}
+    target["timing"]["controls"] = [n for n in target["timing"]["controls"] if n in runs]
     path = root / "prereg" / "target.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(target, sort_keys=False))
@@ -391,6 +395,14 @@ def test_outcome_cli_reads_and_writes_the_files_it_is_given(tmp_path, monkeypatc
     assert outcome == json.loads(json.dumps(expected))
     markdown = (tmp_path / "out/b/answer.md").read_text()
     assert markdown == render_markdown(expected) and markdown in result.stdout
+    # the shipped registration times its drums A/A and handicap in the blocks; these blocks have
+    # no window of them, so neither is a pass, and the primary endpoint's line says so
+    timed = {c["runs_as"]: c["verdict"] for c in outcome["speed"]["controls"]}
+    assert timed == {"drums-aa": "not tested", "drums-handicap": "not tested"}
+    assert (
+        "drums-aa not tested; drums-handicap not tested**: the blocks' speed verdict is not "
+        "backed by its controls" in markdown
+    )
     for figure in ("out/c/valid.png", "out/d/wallclock.png"):
         assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG"
     statement = json.loads((tmp_path / receipt).read_text())

@@ -22,8 +22,12 @@ def timed(tmp_path_factory, make_workflow):
         t["budget"].update(max_wall_clock_s=600, max_valid_trajectories=8, stop_at_target=False)
         t["evaluation"].update(checkpoint_interval=4, seeds=[0])
         t["seeds"] = [1]
-        for key in ("controls", "control_seeds", "confirmation"):
-            t.pop(key, None)
+        t.pop("confirmation", None)
+        # one control timed beside the arms: the drums arm's A/A, judged by the blocks
+        t["controls"] = [
+            {"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": 4}
+        ]
+        t["control_seeds"] = [1]
         t["primary_endpoint"] = {
             "endpoint": "seconds_per_valid_trajectory",
             "alpha": 0.05,
@@ -38,6 +42,7 @@ def timed(tmp_path_factory, make_workflow):
             "max_load_difference": 1.0,
             "max_steal": 1.0,
             "max_reruns": 0,
+            "controls": ["drums-aa"],
         }
 
     workflow.tiny_recipe()
@@ -53,7 +58,8 @@ def timed(tmp_path_factory, make_workflow):
 def test_every_block_ran_both_arms_back_to_back_in_the_registered_order(timed):
     executions = [json.loads(line) for line in (timed.results / "timing" / "blocks.jsonl").open()]
     assert [e["block"] for e in executions] == [0, 1]
-    assert [tuple(e["order"]) for e in executions] == block_order(["restore", "drums"], 2, 5)
+    arms = ["restore", "drums", "drums-aa"]  # the arms, then the timed control
+    assert [tuple(e["order"]) for e in executions] == block_order(arms, 2, 5)
     for e in executions:
         assert e["seed"] == 1
         for arm, w in e["windows"].items():
@@ -72,8 +78,19 @@ def test_the_outcome_leads_with_the_blocks_and_lists_every_execution(timed):
     assert primary["endpoint"] == "seconds_per_valid_trajectory:wall_clock_s"
     assert primary["blocks"] == 2 and primary["ratio"] > 0
     assert len(outcome["speed"]["executions"]) == 2
-    assert set(outcome["speed"]["env_cpu_s_per_valid"]) == {"restore", "drums"}
+    assert set(outcome["speed"]["env_cpu_s_per_valid"]) == {"restore", "drums", "drums-aa"}
+    # the timed A/A judged by the primary endpoint against its base arm, in the same blocks
+    (aa,) = outcome["speed"]["controls"]
+    assert (aa["runs_as"], aa["judged"]["baseline"], aa["judged"]["blocks"]) == (
+        "drums-aa",
+        "drums",
+        2,
+    )
+    low, high = aa["judged"]["interval"]
+    assert aa["verdict"] == ("as expected" if low <= 1 <= high else "NOT as expected")
     md = (timed.results / "outcome.md").read_text()
+    assert "- **Controls by the primary endpoint**" in md
+    assert "drums-aa/drums (same: interval covers 1" in md
     assert "seconds per valid trajectory drums/restore in 2 timing blocks" in md
     assert "## Speed: seconds per valid trajectory in timing blocks" in md
     assert md.count("| yes |") == 2

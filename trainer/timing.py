@@ -193,7 +193,8 @@ def run_blocks(args, console) -> list[dict]:
         (p.parent.parent.name, int(p.parent.name.removeprefix("seed"))): p
         for p in map(Path, args.pins)
     }
-    orders = block_order(prereg.arms, rule.blocks, rule.order_seed)
+    # the arms, and the controls timed beside them (an A/A, a handicap: analysis/speed.py)
+    orders = block_order(prereg.timed_arms, rule.blocks, rule.order_seed)
     env = {**os.environ, "WANDB_MODE": "disabled"}  # a window is timed, not tracked
     executions = []
     for block, order in enumerate(orders):
