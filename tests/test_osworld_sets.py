@@ -19,6 +19,7 @@ from conftest import SHIPPED_EXP as EXP
 from envab.envs.tasks.osworld import (
     TaskSourceError,
     check_rule,
+    is_infeasible,
     load_dir,
     load_jsonl,
     original,
@@ -212,16 +213,36 @@ def test_a_task_id_that_is_not_a_plain_name_is_refused_with_its_line(tmp_path):
         load_jsonl(path)  # kept line for line: a line says its set-up itself
 
 
-REAL = os.environ.get("ENVAB_OSWORLD_EXAMPLES")
-
-
-@pytest.mark.skipif(
-    not REAL,
-    reason="ENVAB_OSWORLD_EXAMPLES does not name an OSWorld evaluation_examples folder "
-    "(with test_all.json), so OSWorld's own task set is not tried here",
+# OSWorld's own evaluation_examples: a folder named by ENVAB_OSWORLD_EXAMPLES, or else the
+# tarball every machine that runs CI keeps beside the checkout (../shared/osworld/).
+SHARED_EXAMPLES = sorted(
+    (Path(__file__).resolve().parents[2] / "shared" / "osworld").glob("osworld-examples-*.tgz")
 )
-def test_every_official_task_loads_and_the_report_names_why_each_other_one_is_out(tmp_path):
-    root = Path(REAL)
+
+
+@pytest.fixture(scope="module")
+def osworld_examples(tmp_path_factory) -> Path:
+    named = os.environ.get("ENVAB_OSWORLD_EXAMPLES")
+    if named:
+        return Path(named)
+    if not SHARED_EXAMPLES:
+        pytest.skip(
+            "ENVAB_OSWORLD_EXAMPLES does not name an OSWorld evaluation_examples folder (with "
+            "test_all.json) and ../shared/osworld/ holds no osworld-examples-*.tgz, so OSWorld's "
+            "own task set is not tried here"
+        )
+    import tarfile
+
+    into = tmp_path_factory.mktemp("osworld")
+    with tarfile.open(SHARED_EXAMPLES[-1]) as archive:
+        archive.extractall(into, filter="data")  # plain files and folders only, inside `into`
+    return into / "evaluation_examples"
+
+
+def test_every_official_task_loads_and_the_report_names_why_each_other_one_is_out(
+    tmp_path, osworld_examples
+):
+    root = osworld_examples
     listing = json.loads((root / "test_all.json").read_text())
     entries = {(d, i) for d, ids in listing.items() for i in ids}
     out = [tmp_path / "a", tmp_path / "b"]
@@ -240,6 +261,28 @@ def test_every_official_task_loads_and_the_report_names_why_each_other_one_is_ou
     unsafe = [k for k, r in report["per_task"].items() if any(
         x.startswith("unsafe:") for x in r["reasons"]["xdesktop"])]  # fmt: skip
     assert unsafe and not any(report["per_task"][k]["selected"] for k in unsafe)
+
+
+def test_on_the_full_image_a_live_page_and_an_infeasible_task_are_counted_apart(
+    tmp_path, osworld_examples
+):
+    """OSWorld's set on the full image: a task scored on a live page's content is left out by
+    its host (`web:<host>`), never counted runnable, and infeasible tasks (scored from the last
+    action, no getter or metric run) are counted apart among those frozen."""
+    result = freeze(osworld_examples, tmp_path, "--select", '{"runnable": true}',
+                    "--runnable", "xdesktop", "--image", "full")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "index.json").read_text())
+    web = {r for row in report["per_task"].values() for r in row["reasons"]["xdesktop"]
+           if r.startswith("web:")}  # fmt: skip
+    assert web and "web:page" not in web  # each named by its host
+    for key, row in report["per_task"].items():
+        if any(r.startswith("web:") for r in row["reasons"]["xdesktop"]):
+            assert not row["selected"], key
+    frozen = [json.loads(line) for line in (tmp_path / "tasks.jsonl").open()]
+    infeasible = [t for t in frozen if is_infeasible(t)]
+    assert infeasible and report["infeasible"]["selected"] == len(infeasible)
+    assert "frozen infeasible (scored from the last action)" in result.stdout + result.stderr
 
 
 def test_the_workflow_freezes_what_the_registered_rule_selects(workflow):
