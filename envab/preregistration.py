@@ -483,6 +483,15 @@ class Preregistration:
                     "a smaller reset_delay_s or a larger budget."
                 )
 
+    def timing_window(self, valid: int) -> Preregistration:
+        """The registration as a timing block's window runs it (trainer/timing.py): every run,
+        a timed control's too (whose own trajectory budget would otherwise hold), trains `valid`
+        valid trajectories and never stops at target, so every window of a block does the same
+        amount of work."""
+        window = replace(self.budget, max_valid_trajectories=valid, stop_at_target=False)
+        controls = tuple(replace(c, max_valid_trajectories=None) for c in self.controls)
+        return replace(self, budget=window, controls=controls)
+
     def budget_for(self, run_arm: str) -> Budget:
         """The budget a run under `run_arm` trains to: the A/B's, with a control's own
         max_valid_trajectories where it registers one."""

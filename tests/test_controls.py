@@ -291,6 +291,21 @@ def test_timed_controls_join_every_block_after_the_arms(tmp_path):
     assert untimed.timed_controls == () and untimed.timed_arms == ("qemu", "drums")
 
 
+def test_in_a_timing_window_every_run_a_controls_too_trains_the_window(tmp_path):
+    own = {"max_valid_trajectories": 256}  # one look, as the shipped controls
+    prereg = Preregistration.load(
+        registered(tmp_path, [{**c, **own} for c in AA_BOTH], timed=["qemu-aa"])
+    )
+    assert prereg.budget_for("qemu-aa").max_valid_trajectories == own["max_valid_trajectories"]
+    window = prereg.timing_window(64)
+    # a control's own budget would have its window train 256 where the arms' train 64: the
+    # block would time unequal work (embedded-default-v13's first execution did)
+    for run in ("qemu", "drums", "qemu-aa", "drums-handicap"):
+        budget = window.budget_for(run)
+        assert (budget.max_valid_trajectories, budget.stop_at_target) == (64, False), run
+    assert prereg.budget_for("qemu-aa").max_valid_trajectories == 256  # the registration's own
+
+
 @pytest.mark.parametrize(
     ("timed", "message"),
     [

@@ -155,3 +155,32 @@ def test_the_workflows_evaluations_are_the_judges(stopped):
     outcome = stopped.run.parent.parent / "selections" / "arm-drums" / "outcome.md"
     outcome = outcome.read_text()
     assert "**Stopping.** Registered" in outcome and "target_reached" in outcome
+
+
+def test_the_runs_logged_actions_replay_alike_on_both_arms_and_as_recorded(stopped):
+    """Cross-arm trace replay (eval/replay.py) of the run's own attempts: each logged the actions
+    it sent, and played again on a fresh environment of each arm they end as recorded."""
+    import subprocess
+    import sys
+
+    from envab.receipts import FREEZE_RECEIPTS
+
+    results = stopped.run.parent.parent
+    receipts = [f"receipts/{results.name}/{name}" for name in FREEZE_RECEIPTS]
+    attempts = [json.loads(line) for line in (stopped.run / "trajectories.jsonl").open()]
+    assert attempts and all("sent" in a and len(a["sent"]) == a["actions"] for a in attempts)
+    arms = yaml.safe_load((stopped.root / "config.yaml").read_text())["arms"]
+    train = f"{results.relative_to(stopped.root)}/tasks/train.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "envab.eval.replay", "--target", "preregistration/target.yaml",
+         "--receipts", *receipts, "--train", train,
+         "--trajectories", str(stopped.run / "trajectories.jsonl"),
+         *[x for name, arm in arms.items() for x in ("--arm", name, json.dumps(arm))],
+         "--sample", "4", "--out", "replay.json"],
+        cwd=stopped.root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    replayed = json.loads((stopped.root / "replay.json").read_text())
+    assert replayed["verdict"] == "same" and replayed["attempts"] == 4
+    assert set(replayed["arms"]) == {"restore", "drums"} and replayed["arms_agree"] == 4
+    assert "4 answered alike on every arm; same" in result.stderr

@@ -25,7 +25,8 @@ def timed(tmp_path_factory, make_workflow):
         t.pop("confirmation", None)
         # one control timed beside the arms: the drums arm's A/A, judged by the blocks
         t["controls"] = [
-            {"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": 4}
+            # its own budget larger than the window: the window must bound it all the same
+            {"name": "aa", "arm": "drums", "expect": "same", "max_valid_trajectories": 8}
         ]
         t["control_seeds"] = [1]
         t["primary_endpoint"] = {
@@ -66,6 +67,8 @@ def test_every_block_ran_both_arms_back_to_back_in_the_registered_order(timed):
             assert w["exit"] == 0 and w["valid_trajectories"] >= 4, (arm, w)
             assert 0 < w["wall_clock_s"] <= w["provisioned_s"] < w["process_s"]
             assert w["tree_cpu_s"] > 0 and w["outside_load"] is not None
+        # every window of a block the same amount of work, the timed control's included
+        assert len({w["valid_trajectories"] for w in e["windows"].values()}) == 1, e["windows"]
         # bit-deterministic here: both arms of a block did the same work, step for step
         digests = {w["steps_sha256"] for w in e["windows"].values()}
         assert len(digests) == 1

@@ -53,6 +53,9 @@ class Attempt:
     # one included): in a deterministic environment one task played with the same actions gets
     # the same reward, which analysis/reward_consistency.py checks without bit-determinism.
     actions_sha256: str | None = None
+    # the actions themselves, as sent: what a cross-arm replay plays again on every arm
+    # (eval/replay.py), the check of "same environment" that needs no bit-determinism
+    sent: tuple[dict, ...] = ()
 
     @property
     def valid(self) -> bool:

@@ -117,7 +117,7 @@ class Episode:
     turns: int = 0
     actions: int = 0  # actions sent to the environment (a refused one included)
     refused: int = 0  # of them, those the environment refused (nothing changed)
-    sent: list[dict] = field(default_factory=list)  # the actions sent, for actions_sha256
+    sent: list[dict] = field(default_factory=list)  # the actions sent (recorded, and digested)
     over: bool = False
     failed_gates: tuple[str, ...] = ()
 
@@ -236,6 +236,7 @@ class ArmEnvironment:
             sandbox=verification.audit.get("sandbox"),
             partial_score=verification.audit.get("partial_score"),
             actions_sha256=sha256_json(ep.sent),
+            sent=tuple(ep.sent),
         )
         self.run.ledger.record(attempt, self.run.step)
         self.invalid = attempt.reward is None  # read by the trainer: masked out of the update

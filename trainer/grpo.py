@@ -50,7 +50,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -170,11 +170,8 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     prereg, receipts = preregistration.frozen_inputs(args)
     if args.timing_window:
         # A timing block's window (trainer/timing.py): the run's first N valid trajectories,
-        # replayed to be timed beside the other arm's; never judged, never stopped at target.
-        window = replace(
-            prereg.budget, max_valid_trajectories=args.timing_window, stop_at_target=False
-        )
-        prereg = replace(prereg, budget=window)
+        # replayed to be timed beside the other windows; never judged, never stopped at target.
+        prereg = prereg.timing_window(args.timing_window)
     if args.receipt:
         signing.check_configured()  # its receipt is signed at the run's end
     check_receipts(receipts, unread=held_out)  # never opens the held-out split
