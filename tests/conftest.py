@@ -34,6 +34,14 @@ def shrink_budget(target: dict, *, valid: int, wall_clock_s: float, interval: in
     shrink_timing(target, interval)
 
 
+def keep_timed_controls(target: dict) -> None:
+    """Time in the blocks only the timed controls `target` still registers: a copy of the
+    shipped target with controls or arms of its own (timed controls: tests/test_timing.py)."""
+    if target.get("timing", {}).get("controls"):
+        runs = {f"{c['arm']}-{c['name']}" for c in target.get("controls", [])}
+        target["timing"]["controls"] = [n for n in target["timing"]["controls"] if n in runs]
+
+
 def shrink_timing(target: dict, window: int) -> None:
     """Two timing blocks of `window` valid trajectories, where the target registers blocks; the
     tests' other workers share the machine, so no window is refused for the load beside it
@@ -124,11 +132,7 @@ class Workflow:
         target = yaml.safe_load(path.read_text())
         exp = target["experiment_id"]
         update(target)
-        # A test that registers controls of its own, or arms of its own, times in the blocks only
-        # the shipped timed controls it still registers (timed controls: tests/test_timing.py).
-        if target.get("timing", {}).get("controls"):
-            runs = {f"{c['arm']}-{c['name']}" for c in target.get("controls", [])}
-            target["timing"]["controls"] = [n for n in target["timing"]["controls"] if n in runs]
+        keep_timed_controls(target)
         path.write_text(yaml.safe_dump(target, sort_keys=False))
         # Edited before its freeze, the copy registers a variant of its own: the repository's
         # committed anchor of the shipped experiment (envab/anchor.py) is not its anchor. Edited

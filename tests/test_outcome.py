@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import SHIPPED_EXP as EXP
-from conftest import SHIPPED_TARGET
+from conftest import SHIPPED_TARGET, keep_timed_controls
 
 from envab.analysis import run_table
 from envab.analysis.figures import plot_curves, points
@@ -323,8 +323,7 @@ def frozen_target(root: Path, monkeypatch) -> Path:
     target["evaluation"]["backend"] = "restore"
     # the shipped controls on the qemu arm (its A/A) go with it, from the blocks too
     target["controls"] = [c for c in target["controls"] if c["arm"] in target["arms"]]
-    runs = {f"{c['arm']}-{c['name']}" for c in target["controls"]}
-    target["timing"]["controls"] = [n for n in target["timing"]["controls"] if n in runs]
+    keep_timed_controls(target)
     path = root / "prereg" / "target.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(target, sort_keys=False))
