@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from envab.envs.desktop import Desktop  # noqa: E402
 from envab.envs.tasks.build import build  # noqa: E402
 from envab.envs.tasks.local import LocalBackend  # noqa: E402
-from envab.envs.tasks.validate import validate  # noqa: E402
+from envab.envs.validate import validate  # noqa: E402
 
 
 def timed(fn) -> float:

@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from envab.envs.arms import open_arm
-from envab.envs.host.gvisor import tree_pss_bytes
+from envab.envs.memory import tree_pss_bytes
 from envab.envs.tasks.build import build
 
 REPO = Path(__file__).resolve().parent.parent

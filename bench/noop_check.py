@@ -8,7 +8,7 @@ with the two sandboxes' screens after set-up compared pixel for pixel.
 
 A task whose untouched desktop already scores 1 teaches nothing and inflates success: the record
 this writes (`--out`: {image, tasks: {id: {sandbox: {score, valid, verdict, ...}}}}) is what the
-registered rule `tasks.osworld.select: {noop: exclude}` reads (`python -m envab.envs.tasks.osworld
+registered rule `tasks.osworld.select: {noop: exclude}` reads (`python -m envab.envs.osworld
 ... --image IMAGE --noop noop.json`), leaving such a task out as `noop:scores_1` and a task
 whose no-op could not be played validly as `noop:invalid`.
 

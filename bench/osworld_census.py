@@ -7,8 +7,8 @@ action, scored) and with what result, and what blocks the rest, by reason.
         [--mirror osworld-files] [--play | --noop base=noop-base.json ...] [--out census.json]
 
 For each image the set is frozen as the tasks job freezes it under the rule `{runnable: true}`
-(`envs/tasks/osworld.py` `select`, world `xdesktop`, the image's applications), with its files
-taken from `--mirror` (`python -m envab.envs.tasks.mirror make`) or, without one, not frozen
+(`envs/osworld/source.py` `select`, world `xdesktop`, the image's applications), with its files
+taken from `--mirror` (`python -m envab.envs.osworld.mirror make`) or, without one, not frozen
 (`file:not_frozen`). "Runnable" is that judgement. The no-op play of the runnable tasks is
 `bench/noop_check.py`'s, per sandbox: with `--play`, on every image already built under `--cache`
 (nothing is built here: `python -m envab.envs.xdesktop.image --image IMAGE`; QEMU makes its disk
@@ -35,7 +35,8 @@ from pathlib import Path
 
 import noop_check  # bench/, beside this script
 
-from envab.envs.tasks import fetch, osworld
+from envab.envs.osworld import source as osworld
+from envab.envs.tasks import fetch
 from envab.envs.xdesktop.apps import IMAGES
 from envab.envs.xdesktop.image import cached, ensure_desktop
 
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=Path, help="{domain: [id, ...]} (test_all.json)")
     p.add_argument("--images", nargs="+", choices=IMAGES, default=list(IMAGES))
     p.add_argument("--sandbox", nargs="+", choices=SANDBOXES, default=list(SANDBOXES))
-    p.add_argument("--mirror", type=Path, help="a files mirror (envab.envs.tasks.mirror make)")
+    p.add_argument("--mirror", type=Path, help="a files mirror (envab.envs.osworld.mirror make)")
     p.add_argument("--play", action="store_true", help="play the no-ops on each built image")
     p.add_argument(
         "--noop",

@@ -1,5 +1,5 @@
 """Per domain, how many tasks of a frozen OSWorld set run on the X desktop, from the tasks job's
-report (index.json, `python -m envab.envs.tasks.osworld ... --select '{"runnable": true}'`).
+report (index.json, `python -m envab.envs.osworld ... --select '{"runnable": true}'`).
 
     python bench/osworld_runnable.py index.json [--top 4] [--reasons 20]
 

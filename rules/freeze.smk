@@ -55,7 +55,7 @@ if "factory" in config["tasks"]:
             "(python -m envab.envs.tasks.build --seed {params.seed} --per-family {params.per_family}"
             " {params.layout} --tasks {output.tasks} --solutions {output.solutions}"
             " --index {output.index} --check"
-            " && python -m envab.envs.tasks.validate --tasks {output.tasks}"
+            " && python -m envab.envs.validate --tasks {output.tasks}"
             " --solutions {output.solutions}) > {log} 2>&1"
 
 elif "osworld" in config["tasks"]:
@@ -118,7 +118,7 @@ elif "osworld" in config["tasks"]:
             f"{LOGS}/tasks.log",
         shell:
             # Each task file copied byte for byte; a malformed one refused with its path.
-            "python -m envab.envs.tasks.osworld --dir {input.examples} {params.index}"
+            "python -m envab.envs.osworld --dir {input.examples} {params.index}"
             " --tasks {output.tasks} --sources {output.sources} --report {output.report}"
             " {params.runnable} {params.select} {params.files} {params.solutions} {params.noop}"
             " > {log} 2>&1"
@@ -142,7 +142,7 @@ else:
             f"{LOGS}/tasks.log",
         shell:
             # Kept line for line; a malformed line refused with its number.
-            "python -m envab.envs.tasks.osworld --jsonl {input.tasks} --tasks {output.tasks}"
+            "python -m envab.envs.osworld --jsonl {input.tasks} --tasks {output.tasks}"
             " --report {output.report} {params.runnable} > {log} 2>&1"
 
 

@@ -209,7 +209,7 @@ def allocate(evaluator, http) -> float:
 def raw_frame(evaluator, http) -> float:
     """Write `evaluator["frame"]` straight onto the checker's channel to the host, as code in the
     checker process can (it finds the channel among the live objects), then wait."""
-    from envab.envs.host.channel import PipeChannel
+    from envab.envs.channel import PipeChannel
 
     (channel,) = [o for o in gc.get_objects() if isinstance(o, PipeChannel)]
     payload = evaluator["frame"].encode()
@@ -221,7 +221,7 @@ def raw_frame(evaluator, http) -> float:
 
 def raw_bytes(evaluator, http) -> float:
     """Bytes that are no frame at all on the checker's channel, then the end of the process."""
-    from envab.envs.host.channel import PipeChannel
+    from envab.envs.channel import PipeChannel
 
     (channel,) = [o for o in gc.get_objects() if isinstance(o, PipeChannel)]
     os.write(channel.write_fd, evaluator["bytes"].encode())

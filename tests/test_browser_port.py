@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from envab.envs.host.channel import check_reply, decode, encode
+from envab.envs.channel import check_reply, decode, encode
 from envab.envs.xdesktop import checker, debugging, evaluate, server
 from envab.envs.xdesktop.checker import CheckerFailed
 from envab.envs.xdesktop.confine import Limits

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from envab.envs.host.channel import ChannelCorrupt, check_reply, decode, encode
+from envab.envs.channel import ChannelCorrupt, check_reply, decode, encode
 from envab.envs.xdesktop import checker, evaluate, server
 from envab.envs.xdesktop.checker import CheckerFailed
 from tests.test_checker_sandbox import Environment, _why_not

@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from envab.envs.host import channel as host_channel
-from envab.envs.host.channel import Channel, ChannelCorrupt, PipeChannel, check_reply
+from envab.envs import channel as host_channel
+from envab.envs.channel import Channel, ChannelCorrupt, PipeChannel, check_reply
 from envab.envs.host.pool import Environment, HostConfig, Pool
 from envab.envs.protocol import Gate
 from envab.envs.xdesktop import server

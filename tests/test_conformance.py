@@ -16,8 +16,8 @@ from envab.envs.check import FAULT_GATES, NonConformance, check_backend
 from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.host.namespaces import namespaces_problem
 from envab.envs.host.runc import runc_problem
+from envab.envs.osworld.source import load_dir
 from envab.envs.tasks.build import build
-from envab.envs.tasks.osworld import load_dir
 
 REPO = Path(__file__).resolve().parent.parent
 XDESKTOP_TASKS = REPO / "envs" / "xdesktop" / "tasks"

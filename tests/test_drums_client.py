@@ -19,7 +19,7 @@ from envab.envs.drums import EMBEDDED, DrumsBackend, DrumsError, DrumsSession, c
 from envab.envs.host import serve_embedded
 from envab.envs.protocol import ActionRejected, ForkUnsupported, Verification
 from envab.envs.tasks.build import build
-from envab.envs.tasks.validate import validate
+from envab.envs.validate import validate
 from envab.hashing import sha256_json
 
 CLICK_CORNER = {"action_type": "CLICK", "parameters": {"x": 1, "y": 1}}

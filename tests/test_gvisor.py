@@ -29,7 +29,7 @@ needs_gvisor = pytest.mark.skipif(
 # A worker that answers the host's greetings and probes its own sandbox.
 PROBE = r"""
 import errno, os, socket, sys, time
-from envab.envs.host.channel import PipeChannel
+from envab.envs.channel import PipeChannel
 
 def attempt(f):
     try:
@@ -282,7 +282,7 @@ def test_an_agent_that_fills_its_tmpfs_hits_its_bound_and_the_others_go_on(sandb
     ],
 )
 def test_a_fork_bomb_or_a_memory_hog_ends_its_own_sandbox_and_the_others_go_on(sandboxes, op, size):
-    from envab.envs.host.channel import ChannelClosed
+    from envab.envs.channel import ChannelClosed
     from envab.envs.host.gvisor import MEMORY_LIMIT_BYTES, PIDS_LIMIT
 
     assert size > {"bomb": PIDS_LIMIT, "hog": MEMORY_LIMIT_BYTES // 2**20}[op]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from test_task_files import Hosts, freeze, one_download, serve_set, write_set
 
-from envab.envs.tasks import mirror
-from envab.envs.tasks.mirror_archive import MirrorError, pack, problems, unpack
+from envab.envs.osworld import mirror
+from envab.envs.osworld.mirror_archive import MirrorError, pack, problems, unpack
 
 
 @pytest.fixture
@@ -205,7 +205,7 @@ def test_a_host_that_does_not_resolve_is_missing_not_private(tmp_path, capsys):
     ],
 )
 def test_unpack_is_bounded_before_a_byte_is_written(tmp_path, caps, said):
-    from envab.envs.tasks.mirror_archive import Caps
+    from envab.envs.osworld.mirror_archive import Caps
 
     data = b"alpha\n"
     good_map = json.dumps({"files": {"http://h/a": {"sha256": sha(data), "size": len(data)}},

@@ -19,7 +19,7 @@ import pytest
 from tiny_grpo import grpo_args, record_batches
 
 from envab.envs.arms import open_arm
-from envab.envs.tasks.osworld import load_dir
+from envab.envs.osworld.source import load_dir
 from envab.trainer import agent
 from envab.trainer import model as pin
 from envab.trainer.accounting import Ledger, Prices

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import SHIPPED_EXP as EXP
 
-from envab.envs.tasks.osworld import (
+from envab.envs.osworld.source import (
     TaskSourceError,
     check_rule,
     is_infeasible,
@@ -72,7 +72,7 @@ def write_set(root: Path, tasks: dict = SET, listing: dict | None = None) -> Pat
 
 def freeze(root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(root),
+        [sys.executable, "-m", "envab.envs.osworld", "--dir", str(root),
          "--index", str(root / "test_all.json"), "--tasks", str(out / "tasks.jsonl"),
          "--sources", str(out / "sources"), "--report", str(out / "index.json"), *extra],
         capture_output=True, text=True,
@@ -313,7 +313,7 @@ def test_the_workflow_freezes_what_the_registered_rule_selects(workflow):
 
 
 def test_the_noop_rule_reads_every_play_and_names_a_task_whose_plays_disagree():
-    from envab.envs.tasks.osworld import check_noop_record, noop_gaps
+    from envab.envs.osworld.source import check_noop_record, noop_gaps
 
     def entry(*scores):
         plays = [{"score": s, "valid": s is not None, "verdict": "valid"} for s in scores]

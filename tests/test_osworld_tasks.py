@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import SHIPPED_EXP as EXP
 
-from envab.envs.tasks.osworld import TaskSourceError, load_dir, load_jsonl, original
+from envab.envs.osworld.source import TaskSourceError, load_dir, load_jsonl, original
 from envab.split import split_tasks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def test_the_cli_gives_the_same_bytes_every_time_and_copies_every_file_unchanged
     for run in ("a", "b"):
         out = tmp_path / run
         result = subprocess.run(
-            [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(FIXTURE),
+            [sys.executable, "-m", "envab.envs.osworld", "--dir", str(FIXTURE),
              "--index", str(INDEX), "--tasks", str(out / "tasks.jsonl"),
              "--sources", str(out / "osworld"), "--report", str(out / "index.json")],
             capture_output=True, text=True,
@@ -82,7 +82,7 @@ def test_a_folder_frozen_without_copies_still_gives_one_line_a_task(tmp_path):
     files' own pretty-printed bytes, which a tasks.jsonl reader cannot read)."""
     out = tmp_path / "tasks.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(FIXTURE),
+        [sys.executable, "-m", "envab.envs.osworld", "--dir", str(FIXTURE),
          "--index", str(INDEX), "--tasks", str(out), "--report", str(tmp_path / "index.json")],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -100,7 +100,7 @@ def test_a_task_the_x_desktop_cannot_run_or_score_is_refused_at_freeze(tmp_path)
     them (the store serves it, tests/test_task_files.py), nor a Writer metric (its module's
     dependencies are pinned); the project's own X desktop tasks pass."""
     out = tmp_path / "tasks.jsonl"
-    cli = [sys.executable, "-m", "envab.envs.tasks.osworld", "--runnable", "xdesktop",
+    cli = [sys.executable, "-m", "envab.envs.osworld", "--runnable", "xdesktop",
            "--tasks", str(out), "--report", str(tmp_path / "index.json")]  # fmt: skip
     result = subprocess.run([*cli, "--dir", str(FIXTURE), "--index", str(INDEX)],
                             capture_output=True, text=True)  # fmt: skip
@@ -228,7 +228,7 @@ def test_a_malformed_source_is_refused_with_its_file_and_reason(tmp_path, case):
     assert reason in message
     assert message.startswith("examples/") or message.startswith(str(root))
     result = subprocess.run(
-        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(root),
+        [sys.executable, "-m", "envab.envs.osworld", "--dir", str(root),
          "--index", str(root / "test_all.json"), "--tasks", str(tmp_path / "t.jsonl"),
          "--sources", str(tmp_path / "s"), "--report", str(tmp_path / "r.json")],
         capture_output=True, text=True,
@@ -351,7 +351,7 @@ def test_every_getter_the_x_desktop_serves_loads_and_reads_only_the_servers_rout
     """A served getter is loaded in the checker before it drops root (evaluate.preload): each
     loads here, and what each reads is a route the in-environment server has, the host's
     cloud-file route, or the browser's port; only the port's getters open it."""
-    from envab.envs.host.files import CLOUD_FILE_ROUTE
+    from envab.envs.tasks.staging import CLOUD_FILE_ROUTE
     from envab.envs.xdesktop import evaluate, server
 
     def served(route: str) -> bool:  # as the server dispatches a route (Routes.handle)

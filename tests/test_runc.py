@@ -25,7 +25,7 @@ needs_runc = pytest.mark.skipif(runc_problem() is not None, reason=f"runc: {runc
 # A worker that greets its host, then answers one probe and exits (the standard library only).
 PROBE = r"""
 import errno, json, os, socket, sys
-from envab.envs.host.channel import PipeChannel
+from envab.envs.channel import PipeChannel
 
 def attempt(f):
     try:

@@ -71,6 +71,82 @@ def test_no_stage_imports_a_later_stage():
     assert not wrong, "an earlier stage imports a later one:\n" + "\n".join(wrong)
 
 
+# Inside envs/, floors from the ground up (issue 56's order): a room (a top-level module or a
+# sub-package of envs/) imports only its own modules and rooms on floors below its own, never one
+# beside it or above. The wire and the ground types first; the task factory and what every source
+# shares; the VM; the X desktop on the VM; the hosts and OSWorld's source on the X desktop; the
+# Drums client of a host; the arms that open any of them; the validator that opens an arm.
+ENV_FLOORS = (
+    {"protocol", "channel", "desktop", "arm_schema", "faults", "auth", "seccomp", "scratch",
+     "placement", "memory"},
+    {"tasks", "lifetime", "check", "controls"},
+    {"qemu"},
+    {"xdesktop"},
+    {"host", "osworld"},
+    {"drums"},
+    {"arms"},
+    {"validate"},
+)  # fmt: skip
+
+
+def room_of(module: str) -> str | None:
+    """The room of envs/ a module (as `canonical` names it) belongs to; None outside envs/."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "envs" and len(parts) > 1 else None
+
+
+def floor_of(room: str) -> int:
+    return next(i for i, rooms in enumerate(ENV_FLOORS) if room in rooms)
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside envs/ that reaches a room beside or above its own."""
+    wrong = []
+    for name, imported in sorted(graph.items()):
+        here = room_of(name)
+        for other in sorted(imported):
+            there = room_of(other)
+            if here and there and there != here and floor_of(there) >= floor_of(here):
+                wrong.append(f"{name} (floor {floor_of(here)}) imports {other} "
+                             f"(floor {floor_of(there)})")  # fmt: skip
+    return wrong
+
+
+def module_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {
+        name: {c for i in project_imports(path) if (c := canonical(i, known)) and c != name}
+        for name, path in known.items()
+    }
+
+
+def test_every_room_of_envs_has_a_floor():
+    rooms = {p.stem for p in (REPO / "envs").iterdir() if p.suffix == ".py" or p.is_dir()}
+    rooms -= {"__init__", "__pycache__"}
+    floored = set().union(*ENV_FLOORS)
+    assert rooms == floored, f"without a floor: {sorted(rooms - floored)}; " \
+        f"gone: {sorted(floored - rooms)}"  # fmt: skip
+
+
+def test_envs_rooms_import_only_floors_below():
+    wrong = floor_violations(module_graph())
+    assert not wrong, "a room of envs/ imports one beside or above it:\n" + "\n".join(wrong)
+
+
+def test_the_floors_see_a_violation():
+    """The rule itself can fail: the X desktop reaching up into the host, and two rooms of one
+    floor reaching across, are named; a room's own modules and a floor below are not."""
+    graph = {
+        "envs.xdesktop.qemu": {"envs.host.gvisor", "envs.qemu.vm", "envs.xdesktop.image"},
+        "envs.qemu.pool": {"envs.tasks.checkers", "envs.protocol"},
+        "envs.tasks.build": {"envs.lifetime"},
+    }
+    assert floor_violations(graph) == [
+        "envs.tasks.build (floor 1) imports envs.lifetime (floor 1)",
+        "envs.xdesktop.qemu (floor 3) imports envs.host.gvisor (floor 4)",
+    ]
+
+
 def find_cycles(graph: dict[str, set[str]]) -> list[str]:
     """Every import cycle a depth-first walk meets, each as "a -> b -> a"."""
     cycles, state = [], {}
@@ -91,11 +167,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_import_cycles_between_modules():
-    known = modules()
-    graph = {
-        name: {c for i in project_imports(path) if (c := canonical(i, known)) and c != name}
-        for name, path in known.items()
-    }
+    graph = module_graph()
     # A package's __init__ that re-exports its modules is not a cycle with them.
     for name in graph:
         graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from envab.envs.host import files as host_files
 from envab.envs.host.pool import _Access
-from envab.envs.tasks import osworld
+from envab.envs.osworld import source as osworld
+from envab.envs.tasks import staging as host_files
 from envab.envs.tasks.fetch import private_host
 from envab.envs.tasks.filestore import FileNotFrozen, FrozenFiles
 from envab.envs.xdesktop import server

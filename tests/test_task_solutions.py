@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from envab.config import ConfigError, check_config
-from envab.envs.tasks.osworld import freeze_solutions, load_dir
+from envab.envs.osworld.source import freeze_solutions, load_dir
 from envab.errors import Refusal
 from envab.preregistration import Preregistration
 
@@ -21,7 +21,7 @@ XDESKTOP = REPO / "envs" / "xdesktop" / "tasks"
 
 def freeze(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(XDESKTOP),
+        [sys.executable, "-m", "envab.envs.osworld", "--dir", str(XDESKTOP),
          "--tasks", str(tmp_path / "tasks.jsonl"), "--report", str(tmp_path / "index.json"),
          *extra],
         capture_output=True, text=True,

@@ -13,7 +13,7 @@ import pytest
 from envab.envs.tasks import templated
 from envab.envs.tasks.build import build, make_task
 from envab.envs.tasks.local import LocalBackend
-from envab.envs.tasks.validate import validate
+from envab.envs.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = dict(seed=1, per_family=48, families=["click_button"], layout="templated", templates=2)

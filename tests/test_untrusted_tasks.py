@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from envab.envs.osworld.source import TaskSourceError, load_jsonl
 from envab.envs.tasks.evaluators import bare_file_name, runs_code
-from envab.envs.tasks.osworld import TaskSourceError, load_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = next((REPO / "envs/xdesktop/tasks/examples").rglob("xd-terminal-write-file.json"))

@@ -15,7 +15,7 @@ from envab.envs.tasks import checkers
 from envab.envs.tasks.build import build, make_task
 from envab.envs.tasks.checkers import CheckerError, check
 from envab.envs.tasks.local import LocalBackend
-from envab.envs.tasks.validate import open_backend, validate
+from envab.envs.validate import open_backend, validate
 from envab.io import read_jsonl, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def test_the_cli_exits_non_zero_naming_the_rejected_task(tmp_path):
         [
             sys.executable,
             "-m",
-            "envab.envs.tasks.validate",
+            "envab.envs.validate",
             "--tasks",
             str(tmp_path / "tasks.jsonl"),
             "--solutions",
@@ -197,7 +197,7 @@ def test_the_cli_validates_on_the_arm_its_arm_flag_names(tmp_path):
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "envab.envs.tasks.validate", *files, *args],
+            [sys.executable, "-m", "envab.envs.validate", *files, *args],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -221,7 +221,7 @@ def test_the_cli_validates_on_the_arm_its_arm_flag_names(tmp_path):
     assert (
         cli("--arm", "{backend: qemu}")
         .stderr.splitlines()[-1]
-        .startswith("python -m envab.envs.tasks.validate: error: argument --arm: not JSON")
+        .startswith("python -m envab.envs.validate: error: argument --arm: not JSON")
     )
     assert cli("--arm", '{"backend": "qemu"}', "--embedded", "fork").returncode == 2  # one place
 

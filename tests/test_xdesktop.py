@@ -23,7 +23,7 @@ from PIL import Image, ImageChops
 
 from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.host.pool import HostConfig, Pool
-from envab.envs.tasks.osworld import load_dir
+from envab.envs.osworld.source import load_dir
 from envab.envs.xdesktop.image import ensure_desktop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def test_through_the_arm_the_oracle_scores_1_and_the_noop_and_near_misses_0(tmp_
     )
     arm = {"backend": "drums", "url": "embedded", "mode": "fork", "world": "xdesktop",
            "rootfs": pool.config.rootfs}  # fmt: skip
-    validate = [sys.executable, "-m", "envab.envs.tasks.validate"]
+    validate = [sys.executable, "-m", "envab.envs.validate"]
     done = subprocess.run(
         [*validate, "--tasks", str(tmp_path / "tasks.jsonl"),
          "--solutions", str(tmp_path / "solutions.jsonl"), "--arm", json.dumps(arm),

@@ -16,7 +16,7 @@ import pytest
 
 from envab.envs.host.gvisor import gvisor_problem
 from envab.envs.host.pool import HostConfig, Pool
-from envab.envs.tasks.osworld import load_dir, select
+from envab.envs.osworld.source import load_dir, select
 from envab.envs.xdesktop.image import cached, ensure_desktop
 
 REPO = Path(__file__).resolve().parent.parent

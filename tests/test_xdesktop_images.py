@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from envab.envs.arms import ArmError, open_arm
-from envab.envs.tasks.osworld import TaskSourceError, load_dir, select
+from envab.envs.osworld.source import TaskSourceError, load_dir, select
 from envab.envs.xdesktop import apps, image
 
 CHECK = {
@@ -127,7 +127,7 @@ def test_the_cli_reads_the_image_and_the_noop_record(tmp_path):
         )
     )
     out = subprocess.run(
-        [sys.executable, "-m", "envab.envs.tasks.osworld", "--dir", str(root), "--tasks",
+        [sys.executable, "-m", "envab.envs.osworld", "--dir", str(root), "--tasks",
          str(tmp_path / "t.jsonl"), "--report", str(tmp_path / "r.json"), "--runnable",
          "xdesktop", "--image", "full", "--noop", str(noop), "--select",
          '{"runnable": true, "noop": "exclude"}'],

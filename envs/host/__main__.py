@@ -66,7 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--files",
         help="the frozen task set's files.json: the files its tasks download are delivered from "
-        "the store beside it (envs/host/files.py), never fetched",
+        "the store beside it (envs/tasks/staging.py), never fetched",
     )
     # Stand-ins for the desktop and checker (import specs), so other backends can reuse the host.
     p.add_argument("--desktop", default=HostConfig.desktop, help=argparse.SUPPRESS)

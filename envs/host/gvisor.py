@@ -38,8 +38,9 @@ from functools import cache
 from pathlib import Path
 
 from envab.envs import scratch
-from envab.envs.host.channel import PipeChannel
+from envab.envs.channel import PipeChannel
 from envab.envs.lifetime import start_child
+from envab.envs.memory import tree_pss_bytes
 from envab.errors import Refusal
 
 log = logging.getLogger(__name__)
@@ -216,29 +217,6 @@ class Sandbox:
             "limits": {"memory_mib": MEMORY_LIMIT_BYTES // 2**20, "pids": PIDS_LIMIT},
             "age_s": round(time.monotonic() - self.started, 3),
         }
-
-
-def tree_pss_bytes(pid: int, include_root: bool = True) -> int | None:
-    """Proportional set size of the processes below `pid` (and of `pid` itself when
-    `include_root`); None when none of them can be read (gone)."""
-    total, todo = None, [pid]
-    seen = [pid] if include_root else []
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError):
-                    kids = [
-                        int(k) for k in Path(f"/proc/{p}/task/{tid}/children").read_text().split()
-                    ]
-                    seen += kids
-                    todo += kids
-    for p in seen:
-        with contextlib.suppress(OSError):
-            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
-            kib = next((int(ln.split()[1]) for ln in rollup.splitlines() if ln[:4] == "Pss:"), 0)
-            total = (total or 0) + kib * 1024
-    return total
 
 
 class Gvisor:

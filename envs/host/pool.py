@@ -41,10 +41,9 @@ from typing import Any
 from PIL import Image
 
 from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS, check_embedded_host
+from envab.envs.channel import Channel, ChannelClosed, ChannelTimeout
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host import namespaces
-from envab.envs.host.channel import Channel, ChannelClosed, ChannelTimeout
-from envab.envs.host.files import cloud_file_reply, cloud_urls, is_cloud_file, stage_messages
 from envab.envs.host.gvisor import Gvisor, Sandbox
 from envab.envs.host.runc import Runc
 from envab.envs.host.worker import load_object
@@ -62,6 +61,7 @@ from envab.envs.protocol import (
     verdict_for,
 )
 from envab.envs.tasks.filestore import FileNotFrozen, FrozenFiles
+from envab.envs.tasks.staging import cloud_file_reply, cloud_urls, is_cloud_file, stage_messages
 from envab.hashing import sha256_json
 
 log = logging.getLogger(__name__)
@@ -675,7 +675,7 @@ class Pool:
 
     def _stage(self, env: Environment, steps: list) -> None:
         """Deliver the files the `download` steps among `steps` name, from the frozen store
-        (envs/host/files.py); a file the store does not hold fails the set-up gate."""
+        (envs/tasks/staging.py); a file the store does not hold fails the set-up gate."""
         try:
             for message in stage_messages(steps, self.files):
                 if self._call(env, message, self.config.create_timeout_s, Gate.SETUP) is None:

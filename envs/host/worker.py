@@ -35,7 +35,7 @@ import time
 
 from PIL import Image
 
-from envab.envs.host.channel import Channel, ChannelClosed, PipeChannel
+from envab.envs.channel import Channel, ChannelClosed, PipeChannel
 
 
 def load_object(spec: str):

@@ -7,7 +7,7 @@ those packages imports every metric's dependencies (OCR, audio, browser automati
 conflict with this project's torch), so the names are read from the two packages' `__init__.py`
 without importing them; setup installs `desktop-env` without its dependencies for that.
 
-A task set is checked at freeze (`envs/tasks/osworld.py`), so that a task no verifier can score
+A task set is checked at freeze (`envs/osworld/source.py`), so that a task no verifier can score
 is refused before training, not at step 500. The project's own checkers (envs/tasks/checkers.py)
 count as metrics too: they read the desktop's whole state and need no getter.
 """

@@ -17,7 +17,7 @@ What a task's files can be refused for, by name (the per-task report's reasons):
 `file:too_large`, `file:drive_page` (Google Drive answered a page, not the file),
 `file:malformed` (a download step or cloud_file getter not in OSWorld's form).
 Under a registered rule with `runnable: true` such a task is left out and reported; otherwise it
-refuses the freeze (`envs/tasks/osworld.py`, `select`). A file whose bytes differ from the digest
+refuses the freeze (`envs/osworld/source.py`, `select`). A file whose bytes differ from the digest
 a registered map expects for its URL (`expect`) always refuses the freeze, naming the task, the
 URL and both digests: that is the change the map exists to catch.
 

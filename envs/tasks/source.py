@@ -1,5 +1,5 @@
 """A task as a task source gave it, and the refusal of a source that cannot be frozen: shared by
-the loader (envs/tasks/osworld.py) and the freeze of the files its tasks download
+the loader (envs/osworld/source.py) and the freeze of the files its tasks download
 (envs/tasks/fetch.py), which the loader's command runs."""
 
 from __future__ import annotations

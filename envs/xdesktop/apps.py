@@ -2,7 +2,7 @@
 
 Two images (envs/xdesktop/image.py): `base`, the small one CI builds (st, Mousepad, Gnumeric),
 and `full`, built on request only, with the applications OSWorld's domains name. The runnability
-report (envs/tasks/osworld.py) reads this to say which tasks an image can run (`app:<name>`);
+report (envs/osworld/source.py) reads this to say which tasks an image can run (`app:<name>`);
 the image build reads it to record what it installed. Kept apart from image.py so that the
 freeze and the checker do not import the builder.
 """

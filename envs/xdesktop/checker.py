@@ -29,7 +29,7 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
   still-root start reads, and its score frame names the digest of the job it read, which the
   host checks against the job it wrote: a checker cannot score another job than its own.
 
-Frames are the channel's (`envs/host/channel.py`: length-prefixed JSON, bytes as base64): the
+Frames are the channel's (`envs/channel.py`: length-prefixed JSON, bytes as base64): the
 checker sends `{"http": [method, path, content type, body]}` or `{"browser": [stream, data,
 close, wait]}` (at most `REQUEST_MAX` bytes) and ends with `{"score": x}` or `{"error":
 name}`. The host takes a score only as a finite number in [0, 1]; anything else — an error, a
@@ -65,7 +65,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from envab.envs.host.channel import (
+from envab.envs.channel import (
     ChannelClosed,
     ChannelCorrupt,
     ChannelTimeout,

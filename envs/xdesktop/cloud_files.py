@@ -2,7 +2,7 @@
 
 desktop-env's `get_cloud_file` fetches each URL into the checker's cache under its `dest` name,
 unless a file of that name is there already. This places each file there first, its bytes asked
-of the host through the checker's relay (`envs/host/files.py`, which answers from the store the
+of the host through the checker's relay (`envs/tasks/staging.py`, which answers from the store the
 freeze wrote), then calls desktop-env's getter unchanged: it finds every file and fetches
 nothing. The checker has no network but loopback, so a file not served this way is not had.
 """
@@ -14,8 +14,8 @@ import urllib.request
 from collections.abc import Mapping
 from urllib.parse import urlencode
 
-from envab.envs.host.files import CLOUD_FILE_ROUTE
 from envab.envs.tasks.downloads import Download, downloads
+from envab.envs.tasks.staging import CLOUD_FILE_ROUTE
 
 TIMEOUT_S = 120.0
 

@@ -39,8 +39,8 @@ from functools import cache
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from envab.envs.host.files import CLOUD_FILE_ROUTE
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
+from envab.envs.tasks.staging import CLOUD_FILE_ROUTE
 from envab.envs.xdesktop import apps, checker, cloud_files, debugging
 from envab.envs.xdesktop.confine import Limits
 from envab.envs.xdesktop.server import SETUP_STEPS, request_handler
@@ -322,7 +322,7 @@ def _live_hosts(addresses: list[str]) -> list[str]:
 
 def unavailable(task: Mapping) -> list[str]:
     """What in `task` this desktop cannot run or score (`blockers`), one readable item each:
-    the freeze refuses such a task (`python -m envab.envs.tasks.osworld --runnable xdesktop`),
+    the freeze refuses such a task (`python -m envab.envs.osworld --runnable xdesktop`),
     or leaves it out under a registered rule that selects runnable tasks only."""
     return [detail for _, detail in blockers(task)]
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envab.envs import scratch
-from envab.envs.host.channel import Channel
-from envab.envs.host.gvisor import tree_pss_bytes
+from envab.envs.channel import Channel
+from envab.envs.memory import tree_pss_bytes
 from envab.envs.qemu.accel import choose
 from envab.envs.qemu.image import BuildError, make_disk, qemu_version
 from envab.envs.qemu.tools import require

@@ -60,7 +60,7 @@ SETTLE_S = 1.0  # the longest a step waits for the screen to stop changing
 # 30 to 90 s in a QEMU guest under TCG (more when the machine is busy).
 WINDOW_WAIT_S = 300.0
 _HEADER = struct.Struct("!I")
-MAX_FRAME = 64 * 2**20  # as envs/host/channel.py: an answer past it is refused, not sent
+MAX_FRAME = 64 * 2**20  # as envs/channel.py: an answer past it is refused, not sent
 # What a getter may read back: a file whose bytes fit a frame, a listing a metric can walk.
 MAX_FILE = 32 * 2**20
 MAX_LISTED, MAX_DEPTH = 10_000, 32
@@ -115,7 +115,7 @@ USER_DIRS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Public",
 
 
 def encode(message) -> bytes:
-    """envs/host/channel.py's frame payload (this server runs without the env-ab package, so it
+    """envs/channel.py's frame payload (this server runs without the env-ab package, so it
     keeps its own copy; tests/test_channel.py holds the two to each other)."""
 
     def tagged(value):
@@ -966,7 +966,7 @@ def serve_port(env: Environment, name: str) -> None:
 
 
 def serve_frames(env: Environment, rfd: int, wfd: int, on_eof) -> None:
-    """Length-prefixed JSON frames (envs/host/channel.py), one operation each."""
+    """Length-prefixed JSON frames (envs/channel.py), one operation each."""
 
     def read(n: int) -> bytes:
         buf = b""

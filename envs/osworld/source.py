@@ -1,8 +1,8 @@
 """OSWorld-format task sources, frozen byte for byte: a directory of task files or a tasks.jsonl.
 
-    python -m envab.envs.tasks.osworld --dir DIR [--index test_all.json] --tasks OUT.jsonl \
+    python -m envab.envs.osworld --dir DIR [--index test_all.json] --tasks OUT.jsonl \
         --sources OUT_DIR --report OUT.json
-    python -m envab.envs.tasks.osworld --jsonl tasks.jsonl --tasks OUT.jsonl --report OUT.json
+    python -m envab.envs.osworld --jsonl tasks.jsonl --tasks OUT.jsonl --report OUT.json
 
 A directory is OSWorld's `evaluation_examples` layout: `examples/<domain>/<id>.json`, with or
 without an index mapping domains to ids (OSWorld's `test_all.json`). Without an index every file
@@ -640,7 +640,7 @@ def domains(tasks: Iterable[Mapping]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m envab.envs.tasks.osworld", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m envab.envs.osworld", description=__doc__)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--dir", type=Path, help="an OSWorld evaluation_examples folder")
     source.add_argument("--jsonl", type=Path, help="a tasks.jsonl, one task per line")

@@ -1,10 +1,10 @@
 """Make a files mirror of an OSWorld task set on a machine with network, for one without.
 
-    python -m envab.envs.tasks.mirror make --dir evaluation_examples \
+    python -m envab.envs.osworld.mirror make --dir evaluation_examples \
         [--index evaluation_examples/test_all.json] --out osworld-files [--pack osworld-files.tar]
-    python -m envab.envs.tasks.mirror pack --mirror osworld-files --out osworld-files.tar
-    python -m envab.envs.tasks.mirror unpack --archive osworld-files.tar --out osworld-files
-    python -m envab.envs.tasks.mirror verify --mirror osworld-files
+    python -m envab.envs.osworld.mirror pack --mirror osworld-files --out osworld-files.tar
+    python -m envab.envs.osworld.mirror unpack --archive osworld-files.tar --out osworld-files
+    python -m envab.envs.osworld.mirror verify --mirror osworld-files
 
 `make` fetches every file the set's tasks name — the `download` steps of `config` and
 `evaluator.postconfig`, and the `cloud_file` expectations, `multi: true` lists included
@@ -25,7 +25,7 @@ a freeze's files.json) — is named with both digests and the mirror keeps the b
 new one into an empty folder to take the new bytes. Exit 0 when every file is in the mirror, 1
 when some are not (all named), 2 when the task set or a map cannot be read.
 
-`pack`, `unpack` and `verify`: `envs/tasks/mirror_archive.py`.
+`pack`, `unpack` and `verify`: `envs/osworld/mirror_archive.py`.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envab.envs.tasks import mirror_archive
+from envab.envs.osworld import mirror_archive
+from envab.envs.osworld.source import load_dir
 from envab.envs.tasks.downloads import Malformed, downloads
 from envab.envs.tasks.fetch import MIB, Limits, Unfetchable, fetch_url
 from envab.envs.tasks.filestore import MAP, STORE, blob, read_map, write_map
-from envab.envs.tasks.osworld import load_dir
 from envab.errors import Refusal
 from envab.hashing import sha256_file
 from envab.io import atomic_write_json
@@ -197,7 +197,7 @@ def _limits(args) -> Limits:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m envab.envs.tasks.mirror", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m envab.envs.osworld.mirror", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("make", help="fetch every file a task set names into a mirror folder")
     m.add_argument("--dir", type=Path, required=True, help="an OSWorld evaluation_examples folder")

@@ -1,6 +1,6 @@
 """Prove each task on a live backend: the checker must separate the oracle from everything else.
 
-    python -m envab.envs.tasks.validate --tasks DIR/tasks.jsonl --solutions DIR/solutions.jsonl
+    python -m envab.envs.validate --tasks DIR/tasks.jsonl --solutions DIR/solutions.jsonl
 
 For every task it plays, each in a fresh session, the no-op (no action), the oracle and every
 near miss, and accepts the task only when the oracle scores 1 and all the others score 0, every
@@ -134,9 +134,7 @@ def open_backend(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m envab.envs.tasks.validate", description="Validate tasks."
-    )
+    p = argparse.ArgumentParser(prog="python -m envab.envs.validate", description="Validate tasks.")
     p.add_argument("--tasks", type=Path, required=True)
     p.add_argument("--solutions", type=Path, required=True)
     p.add_argument("--report", type=Path, help="write every play's score and verdict as JSON")
