@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_json(args.out, record)
             console.say("no accepted crossing: nothing to confirm")
             return 0
-        frozen = Protocol.frozen(prereg.evaluation, pins["training"])
+        frozen = Protocol.frozen(prereg.evaluation, pins.training)
         protocol, wanted = fresh_protocol(frozen, len(tasks), prereg.threshold, settings)
         checkpoint = Path(args.checkpoints) / crossing["checkpoint"]
         backend = json.loads(args.backend)

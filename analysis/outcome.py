@@ -54,9 +54,9 @@ class NotComparable(Refusal, ValueError):
 
 
 def check_comparable(runs: list[RunRecords]) -> str:
-    digests = {r.pins["comparable_sha256"] for r in runs}
+    digests = {r.pins.comparable_sha256 for r in runs}
     if len(digests) != 1:
-        named = ", ".join(f"{r.arm}/seed{r.seed}={r.pins['comparable_sha256'][:12]}" for r in runs)
+        named = ", ".join(f"{r.arm}/seed{r.seed}={r.pins.comparable_sha256[:12]}" for r in runs)
         raise NotComparable(f"runs are pinned to different things besides the arm: {named}")
     return digests.pop()
 

@@ -58,11 +58,11 @@ def track_heldout(
     and at its training wall-clock (an unscored one has no rate, so no point)."""
     tracker = start_run(
         "eval",
-        run.pins["experiment_id"],
+        run.pins.experiment_id,
         run.arm,
         run.seed,
         prereg_sha256,
-        {"training": run.pins["training"], "stop_reason": run.final.get("stop_reason")},
+        {"training": run.pins.training, "stop_reason": run.final.get("stop_reason")},
         directory=directory,
         control_of=control_of,
     )

@@ -15,13 +15,14 @@ from pathlib import Path
 
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
+from envab.run_pins import RunPins
 
 
 @dataclass
 class RunRecords:
     arm: str
     seed: int
-    pins: dict
+    pins: RunPins
     checkpoints: list[dict]
     evaluations: dict[str, dict]  # checkpoint name -> held-out result
     final: dict  # run.json
@@ -62,10 +63,10 @@ class RunRecords:
         files += [Path(confirmation)] if confirmation else []
         honest_files = sorted(Path(e) for e in honest_evaluations)
         files += honest_files
-        pinned = json.loads(files[0].read_text())
+        pinned = RunPins.load(files[0])
         return cls(
-            arm=pinned["arm"],
-            seed=pinned["seed"],
+            arm=pinned.arm,
+            seed=pinned.seed,
             pins=pinned,
             checkpoints=list(read_jsonl(files[1])),
             evaluations={e.stem: json.loads(e.read_text()) for e in evaluation_files},

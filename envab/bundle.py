@@ -25,6 +25,7 @@ from pathlib import Path
 from envab import anchor
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_json
+from envab.layout import Layout
 from envab.receipts import read_receipt
 
 NOT_SHIPPED = "not-shipped.json"
@@ -53,7 +54,7 @@ def named_files(receipts: Path, root: Path) -> dict[str, str]:
 
 def bundle(experiment: str, out: Path, root: Path = Path("."), max_file_kib: int = 2048) -> dict:
     """Copy what `verify` needs into `out`; returns {"shipped": n, "not_shipped": {...}}."""
-    receipts = root / "receipts" / experiment
+    receipts = Layout(experiment, root).receipts
     if not any(receipts.glob("*.json")):
         raise Refusal(f"{receipts}: no receipts; run the experiment first")
     shipped, left_out = 0, {}

@@ -21,6 +21,7 @@ import yaml
 
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_text
+from envab.layout import Layout
 from envab.machine import describe, machine_kind
 
 DIGESTS = "digests.yaml"
@@ -65,7 +66,8 @@ def compare(expected: dict[str, str], found: dict[str, str]) -> list[str]:
 
 
 def records_path(root: Path, entry_or_run: dict) -> Path:
-    return root / "results" / entry_or_run["experiment"] / entry_or_run["run"] / "checkpoints.jsonl"
+    layout = Layout(entry_or_run["experiment"], root)
+    return layout.results / entry_or_run["run"] / "checkpoints.jsonl"
 
 
 def check(root: Path, kind: dict, run: str, experiment: str) -> tuple[int, str]:

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from envab import anchor, codepins, preregistration, software
 from envab.errors import Refusal, refused
-from envab.hashing import aggregate_digest, sha256_file, sha256_json
-from envab.io import atomic_write_json, read_jsonl, write_jsonl
+from envab.hashing import aggregate_digest, sha256_file
+from envab.io import read_jsonl, write_jsonl
 from envab.receipts import read_receipt, repo_commit, subject, write_receipt
+from envab.run_pins import RunPins
 from envab.split import (
     STRATA,
     functional_class,
@@ -149,20 +150,15 @@ def cmd_pins(args) -> None:
     """What one (arm, seed) run is pinned to. `comparable_sha256` covers everything but the arm
     and the seed: the analysis refuses to compare runs where it differs."""
     prereg, receipts = preregistration.frozen_inputs(args)
-    shared = {
-        "experiment_id": prereg.experiment_id,
-        "receipts": {path.name: sha256_file(path) for path in receipts.paths},
-        "training": json.loads(args.training),
-        "software": software.versions(),  # the lock the run is under (envab/software.py)
-    }
-    record = {
-        **shared,
-        "arm": args.arm,
-        "seed": args.seed,
-        "arm_config": json.loads(args.arm_config),
-        "comparable_sha256": sha256_json(shared),
-    }
-    atomic_write_json(args.out, record)
+    RunPins.make(
+        experiment_id=prereg.experiment_id,
+        receipts={path.name: sha256_file(path) for path in receipts.paths},
+        training=json.loads(args.training),
+        software=software.versions(),  # the lock the run is under (envab/software.py)
+        arm=args.arm,
+        seed=args.seed,
+        arm_config=json.loads(args.arm_config),
+    ).write(args.out)
     print(f"pins: {args.arm} seed {args.seed}")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from envab.hashing import sha256_file, sha256_json
 from envab.io import atomic_write_json
+from envab.layout import Layout
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_PREFIX = "https://env-ab.dev/receipt/"
@@ -94,7 +95,7 @@ def read_receipt(path: str | Path) -> dict:
 
 
 def receipt_dir(experiment_id: str, root: str | Path = ".") -> Path:
-    return Path(root) / "receipts" / experiment_id
+    return Layout(experiment_id, Path(root)).receipts
 
 
 # What is frozen before the first training step; every later job reads these.

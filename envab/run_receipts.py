@@ -18,10 +18,10 @@ with its receipt still shows.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from envab.layout import Layout
 from envab.receipts import read_receipt, subject, write_receipt
 
 TRAINING = "training"
@@ -78,12 +78,8 @@ def required_kinds(receipts: Path) -> tuple[str, ...]:
 def finished_runs(receipts: Path, root: Path) -> dict[tuple[str, str], str]:
     """(arm, seed) -> the run.json that says the run finished: each one under
     results/<exp>/, and each one a receipt in the folder names as a subject."""
-    experiment = receipts.name
-    pattern = re.compile(rf"^results/{re.escape(experiment)}/([^/]+)/seed(\d+)/{RUN_RECORD}$")
-    names = [
-        path.relative_to(root).as_posix()
-        for path in (root / "results" / experiment).glob(f"*/seed*/{RUN_RECORD}")
-    ]
+    layout = Layout(receipts.name, root)
+    names = [path.relative_to(root).as_posix() for path in layout.run_files(RUN_RECORD)]
     for file in sorted(receipts.glob("*.json")):
         try:
             subjects = json.loads(file.read_text())["subject"]
@@ -92,9 +88,8 @@ def finished_runs(receipts: Path, root: Path) -> dict[tuple[str, str], str]:
             continue  # verify reports a receipt it cannot read
     runs = {}
     for name in sorted(set(names)):
-        match = pattern.match(name)
-        if match:
-            runs.setdefault((match[1], match[2]), name)
+        if run := layout.run_of(name, RUN_RECORD):
+            runs.setdefault(run, name)
     return runs
 
 

@@ -38,6 +38,7 @@ from envab.io import atomic_write_json, read_jsonl
 from envab.preregistration import Preregistration
 from envab.progress import Console, duration, eta, job_console
 from envab.receipts import Receipts
+from envab.run_pins import RunPins
 from envab.schema import ConfigError
 from envab.trainer.compute import compute_settings
 from envab.trainer.guards import GuardError, check_receipts, check_split_file, heldout_ids
@@ -65,7 +66,7 @@ class EpisodeProgress:
             )
 
 
-def check_inputs(args) -> tuple[Preregistration, list[dict], dict, Receipts]:
+def check_inputs(args) -> tuple[Preregistration, list[dict], RunPins, Receipts]:
     """The frozen pre-registration, the frozen held-out tasks, the run's pins and the receipts."""
     prereg, receipts = preregistration.frozen_inputs(args)
     check_receipts(receipts)
@@ -73,7 +74,7 @@ def check_inputs(args) -> tuple[Preregistration, list[dict], dict, Receipts]:
     tasks = list(read_jsonl(args.heldout))
     if {t["id"] for t in tasks} != heldout_ids(receipts):
         raise GuardError(f"{args.heldout} is not the frozen held-out set")
-    return prereg, tasks, json.loads(Path(args.pins).read_text()), receipts
+    return prereg, tasks, RunPins.load(args.pins), receipts
 
 
 def recorded_files(checkpoint: str, records: str) -> dict[str, str]:
@@ -87,7 +88,7 @@ def recorded_files(checkpoint: str, records: str) -> dict[str, str]:
 
 
 def checked_key(
-    checkpoint, records: str, protocol: Protocol, pins: dict, backend: dict, heldout, receipts
+    checkpoint, records: str, protocol: Protocol, pins: RunPins, backend: dict, heldout, receipts
 ):
     """The checkpoint's files checked against the run's record (and a LoRA checkpoint's base
     model against its receipt), before anything is reused or loaded; then the key its evaluation
@@ -98,13 +99,13 @@ def checked_key(
     if base is not None:
         files = {**files, **{f"base/{path}": digest for path, digest in base.items()}}
     return evaluation_key(
-        files, asdict(protocol), pins["training"]["tools"], backend, sha256_file(heldout)
+        files, asdict(protocol), pins.training["tools"], backend, sha256_file(heldout)
     )
 
 
 def play_checkpoint(
     checkpoint,
-    pins: dict,
+    pins: RunPins,
     protocol: Protocol,
     tasks: list[dict],
     backend: dict,
@@ -120,10 +121,10 @@ def play_checkpoint(
     started, snapshot = time.perf_counter(), machine_load.Snapshot.now()
     # Its files were checked against the run's record just before (checked_key); a LoRA
     # checkpoint's base is checked again as it loads.
-    compute = compute_settings(pins["training"])  # the device and dtype the run trained on
+    compute = compute_settings(pins.training)  # the device and dtype the run trained on
     player = workers.Player(
         checkpoint=str(checkpoint),
-        tools=pins["training"]["tools"],  # the tools the policy was trained with
+        tools=pins.training["tools"],  # the tools the policy was trained with
         compute=compute,
         base_expected=base_manifest(checkpoint, receipts),
         protocol=protocol,
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     console = job_console(f"eval {run_dir.parent.name} {run_dir.name} {name}", args.log)
     try:
         prereg, tasks, pins, receipts = check_inputs(args)
-        protocol = Protocol.frozen(prereg.evaluation, pins["training"])
+        protocol = Protocol.frozen(prereg.evaluation, pins.training)
         backend = json.loads(args.backend)
         key = checked_key(
             args.checkpoint,

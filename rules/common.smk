@@ -13,6 +13,7 @@ from envab import codepins, preregistration
 from envab.config import load_config, select, selected_runs, selection_name, selection_words
 from envab.hashing import sha256_file
 from envab.io import read_jsonl
+from envab.layout import Layout
 from envab.receipts import FREEZE_RECEIPTS
 from envab.trainer.timing import block_seed
 from envab.run_receipts import training_receipt_name
@@ -65,7 +66,7 @@ def refuse_changed_code():
     """Once the experiment is frozen, an edit to any pinned file (the analysis that decides the
     answer included) stops every later run here, naming the file; `verify` still runs, so that
     the reviewer sees every item's line, and `--unlock`, which runs nothing."""
-    receipt = Path(f"receipts/{EXP}/code.json")
+    receipt = Layout(EXP).receipts / "code.json"
     if not receipt.is_file() or set(command_line_targets()) == {"verify"} or "--unlock" in sys.argv:
         return
     try:
@@ -90,11 +91,12 @@ MANIFEST_FILE = (
 )
 # A read-only projection of the pre-registration for the report's workflow description.
 config["preregistered"] = {**PREREG.as_dict(), "sha256": sha256_file(config["preregistration"])}
-RESULTS = f"results/{EXP}"
-RECEIPTS = f"receipts/{EXP}"
-LOGS = f"logs/{EXP}"
-BENCHMARKS = f"benchmarks/{EXP}"  # each job's wall-clock, CPU time and memory (Snakemake)
-EVALUATIONS = f"{RESULTS}/evaluations"  # evaluation records by key, each played once
+LAYOUT = Layout(EXP)  # where every file of the experiment goes (envab/layout.py)
+RESULTS = LAYOUT.results.as_posix()
+RECEIPTS = LAYOUT.receipts.as_posix()
+LOGS = LAYOUT.logs.as_posix()
+BENCHMARKS = LAYOUT.benchmarks.as_posix()  # each job's wall-clock, CPU time and memory
+EVALUATIONS = LAYOUT.evaluations.as_posix()  # evaluation records by key, each played once
 PREREG_RECEIPT = f"{RECEIPTS}/preregistration.json"
 # Where the answer goes: the registration's, from every run; a selection's (arm=, seed=) apart,
 # under its own name, so that a one-arm run never replaces the registration's answer.
@@ -162,7 +164,7 @@ def whole_machine():
 
 
 def run_dir(arm, seed):
-    return f"{RESULTS}/{arm}/seed{seed}"
+    return LAYOUT.run(arm, seed).as_posix()
 
 
 def run_pins():
@@ -172,7 +174,7 @@ def run_pins():
 
 def run_file(name):
     """The path of a per-run file, as a Snakemake pattern over {arm} and {seed}."""
-    return f"{RESULTS}/{{arm}}/seed{{seed}}/{name}"
+    return f"{run_dir('{arm}', '{seed}')}/{name}"
 
 
 def training_records_receipt(arm="{arm}", seed="{seed}"):

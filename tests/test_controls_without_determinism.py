@@ -22,6 +22,7 @@ from scipy.special import expit, logit
 from envab.analysis.controls import judge_all, render_markdown
 from envab.analysis.runs import RunRecords
 from envab.preregistration import Control
+from envab.run_pins import RunPins
 
 SEEDS = (1, 2, 3)  # as the Qwen3-VL-4B pre-registration
 INTERVAL, CHECKPOINTS, GROUP = 64, 3, 8
@@ -134,7 +135,7 @@ def simulated_run(
     return RunRecords(
         arm=arm,
         seed=seed,
-        pins={"arm": arm, "seed": seed},
+        pins=RunPins.make("exp", {}, {}, {}, arm, seed, {}),
         checkpoints=[start, *checkpoints],
         evaluations=evaluations,
         final={**checkpoints[-1], "stop_reason": "max_valid_trajectories"},

@@ -24,6 +24,7 @@ from envab.analysis.runs import RunRecords
 from envab.envs.controls import ControlBackend
 from envab.envs.protocol import Verification
 from envab.preregistration import Control
+from envab.run_pins import RunPins
 
 SEEDS = (1, 2, 3)
 TASKS, EVAL_SEEDS, SEQUENCES = 16, 4, 3
@@ -109,7 +110,7 @@ def run(arm: str, seed: int, *, policy: int, flip=0.0, resample=0.0, honest=Fals
     return RunRecords(
         arm=arm,
         seed=seed,
-        pins={"arm": arm, "seed": seed},
+        pins=RunPins.make("exp", {}, {}, {}, arm, seed, {}),
         checkpoints=checkpoints,
         evaluations=evaluations,
         final={**checkpoints[-1], "stop_reason": "max_valid_trajectories"},

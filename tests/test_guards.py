@@ -32,7 +32,7 @@ def test_a_clean_freeze_passes_every_guard(frozen):
     check_receipts(frozen_receipts(root), root)
     check_code(frozen_receipts(root), root)
     pins = check_pins(root / PINS, frozen_receipts(root))
-    assert pins["arm"] == "drums"
+    assert pins.arm == "drums"
 
 
 def test_changed_code_is_refused_by_name(frozen):

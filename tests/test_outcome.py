@@ -58,6 +58,9 @@ def write_run(
         "experiment_id": EXP,
         "comparable_sha256": comparable,
         "training": {"tools": "click"},
+        "arm_config": {},
+        "receipts": {},
+        "software": {},
     }
     (run / "pins.json").write_text(json.dumps(pins))
     checkpoints, evaluations = [], []

@@ -67,10 +67,12 @@ from envab.envs.placement import PlacementError, pin
 from envab.errors import Refusal, refused
 from envab.hashing import file_manifest, sha256_file
 from envab.io import atomic_write_json, read_jsonl
+from envab.layout import judged_beside
 from envab.machine import accelerator, machine_kind
 from envab.preregistration import Budget, Preregistration
 from envab.progress import Console, duration, job_console
 from envab.receipts import Receipts, utc_now
+from envab.run_pins import RunPins
 from envab.run_receipts import write_training_receipt
 from envab.schema import ConfigError
 from envab.tracking import public_arm_config, start_run
@@ -152,7 +154,7 @@ class RunInputs:
 
     prereg: Preregistration
     receipts: Receipts
-    pins: dict
+    pins: RunPins
     arm: str
     seed: int
     settings: GrpoSettings
@@ -177,8 +179,8 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     check_receipts(receipts, unread=held_out)  # never opens the held-out split
     check_code(receipts)
     pins = check_pins(args.pins, receipts)
-    if pins["experiment_id"] != prereg.experiment_id:
-        raise GuardError(f"{args.pins} belongs to experiment {pins['experiment_id']!r}")
+    if pins.experiment_id != prereg.experiment_id:
+        raise GuardError(f"{args.pins} belongs to experiment {pins.experiment_id!r}")
     guard = HeldoutGuard(heldout_ids(receipts))
     check_split_file(args.train, receipts, "train")
     tasks = {t["id"]: t for t in read_jsonl(args.train)}
@@ -194,27 +196,27 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
             "from; records are append-only, so remove them (Snakemake does before a rerun) to "
             "train again"
         )
-    stops = prereg.budget_for(pins["arm"]).stop_at_target
+    stops = prereg.budget_for(pins.arm).stop_at_target
     if stops != (getattr(args, "stop_at_target", None) is not None):
         raise ConfigError(
-            f"run {pins['arm']}: the pre-registration "
+            f"run {pins.arm}: the pre-registration "
             + (
                 "stops it at target: --stop-at-target must say how its checkpoints are judged"
                 if stops
                 else "trains it to the budget: --stop-at-target is not registered"
             )
         )
-    compute = compute_settings(pins["training"])
+    compute = compute_settings(pins.training)
     if compute.device == "cuda":
         check_cuda(vllm=compute.vllm is not None)
     return RunInputs(
         prereg=prereg,
         receipts=receipts,
         pins=pins,
-        arm=pins["arm"],
-        seed=int(pins["seed"]),
-        settings=GrpoSettings(**pins["training"]["grpo"]),
-        tools=agent.tool_set(pins["training"]["tools"]),
+        arm=pins.arm,
+        seed=pins.seed,
+        settings=GrpoSettings(**pins.training["grpo"]),
+        tools=agent.tool_set(pins.training["tools"]),
         tasks=tasks,
         guard=guard,
         faults=faults,
@@ -305,7 +307,7 @@ def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
     set_seed(inputs.seed)
     dataset = Dataset.from_list(agent.training_rows(inputs.tasks))
     first_screens = None
-    if inputs.pins["arm_config"].get("deterministic_screens"):
+    if inputs.pins.arm_config.get("deterministic_screens"):
         first_screens = agent.rendered_first_screens(inputs.tasks, inputs.settings.prefix)
     model, processor = load_checked(model_dir, inputs.receipts, inputs.compute)
     return Prepared(dataset, first_screens, model, processor)
@@ -605,9 +607,7 @@ def build_trainer(
 
 def judged_folder(args, inputs: RunInputs) -> Path:
     """Where a run's judge processes keep their records: `<store>/../judged/<arm>/seed<k>`."""
-    folder = (
-        Path(args.stop_at_target["store"]).parent / "judged" / inputs.arm / f"seed{inputs.seed}"
-    )
+    folder = judged_beside(args.stop_at_target["store"], inputs.arm, inputs.seed)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -712,8 +712,8 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
             inputs.seed,
             sha256_file(args.target),
             {
-                "training": inputs.pins["training"],
-                "arm_config": public_arm_config(inputs.pins["arm_config"]),
+                "training": inputs.pins.training,
+                "arm_config": public_arm_config(inputs.pins.arm_config),
                 "budget": asdict(inputs.prereg.budget_for(inputs.arm)),
             },
             directory=args.wandb_dir,
@@ -722,9 +722,9 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
         if ranks.main
         else Silent()
     )
-    if ranks.several and inputs.pins["training"].get("cpus"):
+    if ranks.several and inputs.pins.training.get("cpus"):
         raise ConfigError("training.cpus pins one training process; not with several processes")
-    placement = place(inputs.pins["training"].get("cpus"))
+    placement = place(inputs.pins.training.get("cpus"))
     started = machine_load.Snapshot.now()
     # A server-mode run's vLLM server logs beside the job.
     vllm_log = outputs.run.parent / "vllm.log"
@@ -733,7 +733,7 @@ def train(args, console: Console, ranks: Ranks) -> dict | None:
     with (
         served(inputs.compute, args.model, vllm_log, starts=ranks.main) as server,
         open_arm(
-            inputs.pins["arm_config"],
+            inputs.pins.arm_config,
             log_path=rank_path(args.host_log, ranks),
             allow_faults=bool(inputs.faults),
             files=files_beside(args.train),  # the tasks' downloads, frozen by content

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from envab import codepins, software
 from envab.errors import Refusal
 from envab.hashing import sha256_file
 from envab.receipts import Receipts, read_receipt
+from envab.run_pins import RunPins
 from envab.verify import verify_receipts
 
 
@@ -54,14 +54,14 @@ def check_code(receipts: Receipts, root: str | Path = ".") -> None:
         )
 
 
-def check_pins(pins_path: str | Path, receipts: Receipts) -> dict:
-    pins = json.loads(Path(pins_path).read_text())
+def check_pins(pins_path: str | Path, receipts: Receipts) -> RunPins:
+    pins = RunPins.load(pins_path)
     drift = sorted(
-        name for name, digest in pins["receipts"].items() if sha256_file(receipts[name]) != digest
+        name for name, digest in pins.receipts.items() if sha256_file(receipts[name]) != digest
     )
     if drift:
         raise GuardError(f"{pins_path} was pinned to other receipts than these: {drift}")
-    if moved := software.drift(pins.get("software", {})):
+    if moved := software.drift(pins.software):
         raise GuardError(
             f"{pins_path} was pinned under other software than is installed ({', '.join(moved)}); "
             "install the lock it was pinned under, or pin it again"

@@ -64,7 +64,8 @@ PLATFORM = "ptrace"
 
 
 class SandboxUnavailable(Refusal, RuntimeError):
-    """gVisor cannot run here; the message says why and what to do."""
+    """A sandbox cannot run here (gVisor, runc's container, the namespace sandbox): the message
+    names which, why, and what to do."""
 
 
 def container_runtime_problem(tool: str, why_root: str) -> str | None:

@@ -51,7 +51,6 @@ from pathlib import Path
 from envab.envs import seccomp
 from envab.envs.host.gvisor import _python_path, _root_mounts
 from envab.envs.xdesktop.confine import NOBODY, ConfinementError, Limits, drop
-from envab.errors import Refusal
 
 BWRAP = "bwrap"
 TMPFS_BYTES = 256 * 2**20  # each writable folder, in memory: a `dd` into /tmp ends with ENOSPC
@@ -79,10 +78,6 @@ DENIED = (
     "pidfd_send_signal",
     *seccomp.KERNEL,
 )  # fmt: skip
-
-
-class SandboxUnavailable(Refusal, RuntimeError):
-    """The namespace sandbox cannot run here; the message says why and what to do."""
 
 
 @cache

@@ -44,7 +44,7 @@ from envab.envs.arm_schema import MODES, SANDBOXES, WORLDS, check_embedded_host
 from envab.envs.channel import Channel, ChannelClosed, ChannelTimeout
 from envab.envs.faults import UNKNOWN_GATE, FaultError, Faults
 from envab.envs.host import namespaces
-from envab.envs.host.gvisor import Gvisor, Sandbox
+from envab.envs.host.gvisor import Gvisor, Sandbox, SandboxUnavailable
 from envab.envs.host.runc import Runc
 from envab.envs.host.worker import load_object
 from envab.envs.lifetime import start_child
@@ -261,7 +261,7 @@ class Pool:
         if self.config.sandbox == "namespaces":
             problem = namespaces.namespaces_problem()
             if problem:
-                raise namespaces.SandboxUnavailable(f"the namespace sandbox cannot run: {problem}")
+                raise SandboxUnavailable(f"the namespace sandbox cannot run: {problem}")
             # The zygote confines itself inside bwrap's namespaces; every environment is a fork
             # of it and inherits them. The sandbox goes with the host however the host goes.
             self._zygote_proc = start_child(
@@ -280,7 +280,7 @@ class Pool:
                 raise
             problem = namespaces.launch_problem(self._zygote_proc)
             self._stop_zygote()
-            raise namespaces.SandboxUnavailable(problem) from None
+            raise SandboxUnavailable(problem) from None
         self.zygote_pid = hello["pid"]  # in a namespace sandbox: its pid there
         log.info("zygote up (pid %s, mode %s, sandbox %s)", self.zygote_pid, self.config.mode,
                  self.config.sandbox)  # fmt: skip
