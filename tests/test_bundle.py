@@ -84,8 +84,9 @@ def test_a_tampered_or_deleted_file_in_a_bundle_still_fails(tmp_path):
 
 
 def test_the_shipped_bundle_verifies_from_a_clone(capsys):
-    """docs/results/test-small-v1: the small run whose digests .test/digests.yaml records."""
-    shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / "test-small-v1"
+    """tests/fixtures/bundle-test-small-v1: a bundle of the small run whose digests
+    .test/digests.yaml records, as `python -m envab.bundle` writes it."""
+    shipped = Path(__file__).resolve().parent / "fixtures" / "bundle-test-small-v1"
     receipts = shipped / "receipts" / "test-small-v1"
     assert verify.main([str(receipts), "--root", str(shipped)]) == 0
     printed = capsys.readouterr().out
