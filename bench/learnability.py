@@ -406,11 +406,12 @@ if args.grpo_steps:
 
     from envab.envs.arms import open_arm
     from envab.trainer.accounting import Ledger, Prices
+    from envab.trainer.build import grpo_config
     from envab.trainer.environment import GenerationClock, Run, environment_factory
     from envab.trainer.forkgroups import ForkGroups
-    from envab.trainer.grpo import GrpoSettings, grpo_config
     from envab.trainer.guards import HeldoutGuard
     from envab.trainer.model import load
+    from envab.trainer.run_inputs import GrpoSettings
 
     set_seed(1)
     tmap = {t["id"]: t for t in train}

@@ -103,7 +103,7 @@ def test_a_checkpoint_write_that_runs_out_of_room_leaves_nothing_half_written(tm
         f"""
         import resource, sys
         from pathlib import Path
-        from envab.trainer.grpo import save_checkpoint
+        from envab.trainer.callback import save_checkpoint
         from envab.trainer.model import load
         from envab.trainer.tiny_model import build
         model, processor = load(build(["Click OK."], {str(tmp_path / "model")!r}))

@@ -16,9 +16,11 @@ from envab.eval.episodes import Protocol
 from envab.preregistration import Preregistration
 from envab.schema import CONFIG_SCHEMA, check_schema
 from envab.trainer import model as pin
+from envab.trainer.build import grpo_config
+from envab.trainer.callback import save_checkpoint
 from envab.trainer.compute import compute_settings, lora_config
 from envab.trainer.generation import Generation
-from envab.trainer.grpo import GrpoSettings, grpo_config, save_checkpoint
+from envab.trainer.run_inputs import GrpoSettings
 
 REPO = Path(__file__).resolve().parent.parent
 COMPARED = (

@@ -9,8 +9,9 @@ from pathlib import Path
 import yaml
 
 from envab.schema import CONFIG_SCHEMA, check_schema
+from envab.trainer.build import grpo_config
 from envab.trainer.compute import compute_settings
-from envab.trainer.grpo import GrpoSettings, grpo_config
+from envab.trainer.run_inputs import GrpoSettings
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,14 +15,14 @@ Reads top to bottom in the order a run happens, one short function a step:
 2. `open_ledger`: the run's journal (trainer/resume.py), rolled back to its last resume point if
    an earlier process of this run died, the outputs linked to it, and the counters
    (trainer/accounting.py), restored from that point;
-3. `build_trainer`: seeding, the dataset (one row per training task with its first screenshot
-   pre-rendered), the checked model, the arm's fork-group layer and TRL's GRPOTrainer (with a
-   digest line per generation batch, trainer/step_digests.py) with the environment
-   (trainer/environment.py) and the `Accounting` callback, which saves the starting model as
-   checkpoint valid-000000, starts the clock at the first step, saves a checkpoint every N valid
-   trajectories (with TRL's state of that step, and a resume point once both are whole), stops
-   at the budget, puts a line per checkpoint on the console and every step on the run's wandb
-   run;
+3. `build_trainer` (trainer/build.py): seeding, the dataset (one row per training task with its
+   first screenshot pre-rendered), the checked model, the arm's fork-group layer and TRL's
+   GRPOTrainer (with a digest line per generation batch, trainer/step_digests.py) with the
+   environment (trainer/environment.py) and the `Accounting` callback (trainer/callback.py),
+   which saves the starting model as checkpoint valid-000000, starts the clock at the first
+   step, saves a checkpoint every N valid trajectories (with TRL's state of that step, and a
+   resume point once both are whole), stops at the budget, puts a line per checkpoint on the
+   console and every step on the run's wandb run;
 4. `run`: trainer.train() with the arm open, from the resume point if there is one;
 5. `write_record`: run.json, the final counters, the stop reason, when the run started and when
    it was frozen, its restarts, and the load the machine was under (envab/machine_load.py); then
@@ -46,40 +46,29 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
-import time
-from dataclasses import asdict, dataclass
-from datetime import datetime
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from datasets import Dataset
-from safetensors import SafetensorError
-from tqdm import tqdm
-from transformers import TrainerCallback, set_seed
-from trl import GRPOConfig
 
 from envab import machine_load, preregistration, signing
 from envab.envs.arms import files_beside, open_arm
 from envab.envs.placement import PlacementError, pin
 from envab.errors import Refusal, refused
-from envab.hashing import file_manifest, sha256_file
+from envab.hashing import sha256_file
 from envab.io import atomic_write_json, read_jsonl
-from envab.layout import judged_beside
 from envab.machine import accelerator, machine_kind
-from envab.preregistration import Budget, Preregistration
 from envab.progress import Console, duration, job_console
-from envab.receipts import Receipts, utc_now
-from envab.run_pins import RunPins
+from envab.receipts import utc_now
 from envab.run_receipts import write_training_receipt
 from envab.schema import ConfigError
 from envab.tracking import public_arm_config, start_run
 from envab.trainer import agent, preflight
 from envab.trainer.accounting import Ledger, Prices
-from envab.trainer.compute import Compute, check_cuda, compute_settings, grpo_kwargs, lora_config
-from envab.trainer.environment import GenerationClock, Run, environment_factory
+from envab.trainer.build import build_trainer, prepare
+from envab.trainer.callback import Accounting
+from envab.trainer.compute import check_cuda, compute_settings
 from envab.trainer.forkgroups import ForkGroups
 from envab.trainer.generation import Generation
 from envab.trainer.guards import (
@@ -92,78 +81,22 @@ from envab.trainer.guards import (
     held_out,
     heldout_ids,
 )
-from envab.trainer.model import load_checked
 from envab.trainer.ranks import Ranks
 from envab.trainer.resume import (
     KILL_ENV,
     Journal,
     Restart,
-    ResumableGRPOTrainer,
-    ResumePoint,
     held,
-    moment,
 )
-from envab.trainer.stop_judge import StopJudge
-from envab.trainer.toolcalls import ToolCalls
+from envab.trainer.run_inputs import (
+    GrpoSettings,
+    Outputs,
+    RunInputs,
+    read_fault_plan,
+)
 from envab.trainer.vllm_server import served
 
 log = logging.getLogger(__name__)
-
-FAULT_PLAN_ENV = "ENVAB_FAULT_PLAN"  # tests and reliability runs: a JSON file of host faults
-START_CHECKPOINT = "valid-000000"  # the model before the first update
-
-
-@dataclass(frozen=True)
-class GrpoSettings:
-    """training.grpo from the run's pins (defaults filled by the config schema)."""
-
-    learning_rate: float
-    num_generations: int
-    prompts_per_step: int
-    max_turns: int
-    max_completion_length: int
-    temperature: float
-    beta: float
-    prefix: tuple = ()  # computer_13 actions played before each group (trainer/forkgroups.py)
-    settle_s: float = 0.0
-    parallel_creates: int = 1  # a group's sessions created at once where the arm cannot fork
-    # A turn's tool calls run at once across the batch, at most this many (None: all of them;
-    # trainer/toolcalls.py). Pins frozen before the setting existed ran TRL's loop: one at a time.
-    parallel_steps: int | None = 1
-    turn_end: str = "bias"  # how a turn ends (trainer/generation.py)
-
-    @property
-    def batch_size(self) -> int:  # completions per GRPO step
-        return self.num_generations * self.prompts_per_step
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """What the run writes; each path is given by the rule."""
-
-    trajectories: Path
-    checkpoint_records: Path
-    checkpoints: Path  # one folder per saved checkpoint
-    run: Path
-    steps: Path  # a digest per generation batch (trainer/step_digests.py)
-
-
-@dataclass(frozen=True)
-class RunInputs:
-    """Everything a run is made of, checked before anything is loaded or started."""
-
-    prereg: Preregistration
-    receipts: Receipts
-    pins: RunPins
-    arm: str
-    seed: int
-    settings: GrpoSettings
-    tools: agent.ToolSet
-    tasks: dict[str, dict]  # training tasks by id
-    guard: HeldoutGuard
-    faults: FaultPlan
-    compute: Compute  # where and how the model runs (training.compute, training.vision)
-
 
 # --- 1. check inputs -----------------------------------------------------------------------------
 
@@ -224,38 +157,6 @@ def check_inputs(args, outputs: Outputs, journal: Journal) -> RunInputs:
     )
 
 
-@dataclass(frozen=True)
-class FaultPlan:
-    """Fault switches by attempt ordinal and by group ordinal (trainer/forkgroups.py)."""
-
-    attempts: dict[int, dict]
-    groups: dict[int, dict]
-    sha256: str | None
-
-    def __bool__(self) -> bool:
-        return bool(self.attempts or self.groups)
-
-
-def read_fault_plan() -> FaultPlan:
-    """The plan in the file named by ENVAB_FAULT_PLAN: {"attempts": {ordinal: faults},
-    "groups": {ordinal: faults}} (either may be left out), and the file's digest."""
-    path = os.environ.get(FAULT_PLAN_ENV)
-    if not path:
-        return FaultPlan({}, {}, None)
-    try:
-        plan = json.loads(Path(path).read_text())
-        attempts = {int(k): dict(v) for k, v in plan.get("attempts", {}).items()}
-        groups = {int(k): dict(v) for k, v in plan.get("groups", {}).items()}
-        if set(plan) - {"attempts", "groups"}:
-            raise ValueError(f"unknown keys {sorted(set(plan) - {'attempts', 'groups'})}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise GuardError(
-            f'{FAULT_PLAN_ENV}={path}: expected {{"attempts": {{ordinal: faults}}, '
-            f'"groups": {{ordinal: faults}}}} ({e})'
-        ) from None
-    return FaultPlan(attempts, groups, sha256_file(path))
-
-
 # --- 2. open the ledger --------------------------------------------------------------------------
 
 
@@ -286,391 +187,7 @@ def open_ledger(
     return ledger, restart
 
 
-# --- 3. build the trainer ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """The seeded dataset and the checked starting model."""
-
-    dataset: Dataset
-    # task id -> digest of the in-process first screen, on an arm with deterministic_screens
-    first_screens: dict[str, str] | None
-    model: object
-    processor: object
-
-
-def prepare(inputs: RunInputs, model_dir: str) -> Prepared:
-    """Seed, then build the dataset (one row per training task; the first screenshot comes from
-    the arm at reset) and load the model checked against its receipt; in this order, which fixes
-    the draws."""
-    set_seed(inputs.seed)
-    dataset = Dataset.from_list(agent.training_rows(inputs.tasks))
-    first_screens = None
-    if inputs.pins.arm_config.get("deterministic_screens"):
-        first_screens = agent.rendered_first_screens(inputs.tasks, inputs.settings.prefix)
-    model, processor = load_checked(model_dir, inputs.receipts, inputs.compute)
-    return Prepared(dataset, first_screens, model, processor)
-
-
-class Accounting(TrainerCallback):
-    """Starts the clock at the first step, checkpoints every N valid trajectories (after the
-    update that consumed them), stops at whichever budget limit comes first, and reports: a line
-    per checkpoint on the console, every step's numbers to the run's wandb run."""
-
-    def __init__(
-        self,
-        run: Run,
-        budget: Budget,
-        outputs: Outputs,
-        journal: Journal,
-        restart: Restart | None,
-        frozen_utc: str,
-        processor,
-        console: Console,
-        tracker,
-        ranks: Ranks,
-        judge: StopJudge | None = None,
-    ):
-        self.run, self.budget, self.outputs = run, budget, outputs
-        self.judge = judge  # stop at target (budget.stop_at_target): None trains to the budget
-        self.ranks = ranks
-        self.journal, self.restart = journal, restart
-        self.frozen_utc, self.processor = frozen_utc, processor
-        self.console, self.tracker = console, tracker
-        self.stop_reason: str | None = None
-        self.last_saved = restart.point.checkpoint if restart else START_CHECKPOINT
-        self.begun = False  # this process has begun a step
-        self.step_started = 0.0
-        self.step_s = 0.0
-        self.progress = tqdm(
-            total=budget.max_valid_trajectories,
-            desc=f"{run.ledger.arm} seed{run.ledger.seed} valid",
-            file=sys.stderr,
-            mininterval=0,
-            dynamic_ncols=False,
-            ascii=True,
-            disable=not ranks.main,
-        )
-
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
-        ledger = self.run.ledger
-        first, self.begun = not self.begun, True
-        if first and self.restart is None:  # rank 0 saves the model and starts the clock
-            if self.ranks.main:
-                self._save(model, START_CHECKPOINT, 0)
-                ledger.start()
-                first_step_after_freeze(ledger.started_utc, self.frozen_utc)
-            self._save_point(START_CHECKPOINT, 0, None)
-        elif first and self.ranks.main:  # the first step after a restart: the downtime ends here
-            ledger.start()
-            now = utc_now()
-            downtime = seconds_between(self.restart.heartbeat_utc, now)
-            self.journal.record_restart(self.restart, now, downtime)
-            self.console.say(
-                f"resumed at step {state.global_step + 1} after {duration(downtime)} down "
-                "(not counted)"
-            )
-        self.run.step = state.global_step + 1
-        self.step_started = time.monotonic()
-        self.run.times.begin_step()
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.run.times.enter("learning")
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        self.run.times.leave()
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.run.times.end()
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        moment("step_end")
-        ledger = self.run.ledger
-        self.step_s = time.monotonic() - self.step_started
-        if self.ranks.several:  # every rank's attempts to rank 0, which decides for all
-            gathered = self.ranks.gather(ledger.take_pending())
-            decision = (False, None)
-            if self.ranks.main:
-                for rank, attempts in enumerate(gathered):
-                    for attempt, step in attempts:
-                        ledger.record(attempt, step, rank=rank)
-                decision = self._account(ledger, state, model)
-            saved, self.stop_reason = self.ranks.broadcast(decision)
-        else:
-            saved, self.stop_reason = self._account(ledger, state, model)
-        if saved:
-            control.should_save = True  # TRL's state of this step too, then a resume point
-        if self.stop_reason:
-            control.should_training_stop = True
-
-    def _account(self, ledger: Ledger, state, model) -> tuple[bool, str | None]:
-        """Rank 0's part of a step's end: the progress bar, the checkpoints that came due, the
-        heartbeat, and the budget's verdict; (whether a checkpoint was saved, why to stop)."""
-        self.progress.update(ledger.valid - self.progress.n)
-        self.progress.set_postfix(invalid=ledger.invalid, step=state.global_step)
-        saved = False
-        while ledger.checkpoint_due():
-            name = f"valid-{(ledger.checkpoints + 1) * ledger.checkpoint_interval:06d}"
-            record = self._save(model, name, state.global_step)
-            log.info("checkpoint %s at %d valid trajectories", name, record["valid_trajectories"])
-            self.console.say(self._checkpoint_line(record))
-            self.last_saved = name
-            saved = True
-        decided = self._judge() if saved and self.judge else None
-        self.journal.beat(ledger.wall_clock_s())
-        return saved, decided or ledger.stop_reason(
-            self.budget.max_wall_clock_s, self.budget.max_valid_trajectories
-        )
-
-    def _judge(self) -> str | None:
-        """Stop at target: the checkpoints so far judged with the clock paused; why to stop, or
-        None to go on."""
-        with self.run.ledger.paused(), self.run.times.span("judging"):
-            reason = self.judge(self.last_saved)
-        verdict = self.judge.verdicts[-1]
-        if verdict["decision"] in ("failed", "timeout"):
-            self.console.say(
-                f"stop at target: the judge {verdict['decision']} at {self.last_saved} (exit "
-                f"{verdict['exit']}; its log: {self.judge.settings['log']}): going on to the budget"
-            )
-        else:
-            self.console.say(
-                f"stop at target, {self.last_saved}: "
-                + (f"stop ({reason})" if reason else "go on")
-                + f", judged in {verdict.get('judged_s', 0):.1f} s (clock paused)"
-            )
-        return reason
-
-    def on_save(self, args, state, control, **kwargs):
-        """TRL's checkpoint of this step is whole: the run can resume from here."""
-        if self.ranks.main:
-            moment("resume_point")
-        self._save_point(self.last_saved, state.global_step, f"checkpoint-{state.global_step}")
-
-    def _save_point(self, checkpoint: str, step: int, trl_checkpoint: str | None) -> None:
-        """Every rank's draws to rank 0, which writes the point."""
-        backend = self.run.groups.backend
-        draws = self.ranks.gather(
-            {
-                "resets": self.run.groups.resets,
-                "backend": backend.resume_state() if hasattr(backend, "resume_state") else None,
-            }
-        )
-        if not self.ranks.main:
-            return
-        self.journal.save_point(
-            ResumePoint(
-                checkpoint=checkpoint,
-                global_step=step,
-                trl_checkpoint=trl_checkpoint,
-                offsets=self.journal.offsets(),
-                ledger=self.run.ledger.state(),
-                draws=draws,
-                utc=utc_now(),
-            )
-        )
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        """TRL's numbers of the step (reward, loss, KL) with our counters, against valid
-        trajectories (tracking.py defines the axes)."""
-        counters = self.run.ledger.counters()
-        trl = {f"train/{k}": v for k, v in (logs or {}).items() if isinstance(v, int | float)}
-        self.tracker.log(
-            {
-                **trl,
-                "valid_trajectories": counters["valid_trajectories"],
-                "wall_clock_s": counters["wall_clock_s"],
-                "train/invalid_discarded": counters["invalid_discarded"],
-                "train/step_s": self.step_s,
-                "train/env_busy_s": counters["env_busy_s"],
-                "train/inference_s": counters["inference_s"],
-                "train/env_cost_usd": counters["env_cost_usd"],
-                "train/global_step": state.global_step,
-                # the previous step's parts (this one's period ends when the next one begins)
-                **{f"time/{k}": v for k, v in (self.run.times.last() or {}).items()},
-            }
-        )
-
-    def _checkpoint_line(self, record: dict) -> str:
-        valid, budget = record["valid_trajectories"], self.budget
-        wall = record["wall_clock_s"]
-        left = min(
-            (budget.max_valid_trajectories - valid) * wall / valid if valid else float("inf"),
-            budget.max_wall_clock_s - wall,
-        )
-        reward = record["train_success"]
-        reward = f"{reward:.2f}" if reward is not None else "-"
-        return (
-            f"checkpoint {record['checkpoint']}: {valid}/{budget.max_valid_trajectories} valid "
-            f"({100 * valid / budget.max_valid_trajectories:.0f}%), "
-            f"{record['invalid_discarded']} invalid, train reward {reward}, {duration(wall)}, "
-            f"ETA {duration(left) if left != float('inf') else '?'} "
-            + ("(held-out: judged now, clock paused)" if self.judge else "(held-out: its eval job)")
-        )
-
-    def _save(self, model, name: str, step: int) -> dict:
-        files = save_checkpoint(model, self.processor, self.journal.checkpoints / name)
-        self.journal.link_checkpoint(name, self.outputs.checkpoints)
-        return self.run.ledger.record_checkpoint(name, step, files)
-
-
-def seconds_between(earlier_utc: str, later_utc: str) -> float:
-    parse = datetime.fromisoformat
-    return max(0.0, (parse(later_utc) - parse(earlier_utc)).total_seconds())
-
-
-def first_step_after_freeze(started_utc: str, frozen_utc: str) -> None:
-    if started_utc <= frozen_utc:  # both ISO 8601 UTC with a Z: string order is time order
-        raise GuardError(
-            f"first training step at {started_utc} is not after the freeze at {frozen_utc}"
-        )
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (a full disk, a file too large); nothing of it is left."""
-
-
-def save_checkpoint(model, processor, path: Path) -> dict[str, str]:
-    """Save into a temporary sibling, then rename: a checkpoint folder is whole or absent."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-        moment("checkpoint_write")
-        os.replace(tmp, path)
-    except (OSError, SafetensorError) as e:  # safetensors reports a failed write as its own error
-        raise CheckpointWriteError(f"checkpoint {path.name} not written: {e}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return file_manifest(path)
-
-
-def build_trainer(
-    inputs: RunInputs,
-    prepared: Prepared,
-    ledger: Ledger,
-    groups: ForkGroups,
-    outputs: Outputs,
-    journal: Journal,
-    restart: Restart | None,
-    args,
-    console: Console,
-    tracker,
-    ranks: Ranks,
-) -> tuple[ResumableGRPOTrainer, Accounting]:
-    """TRL's GRPOTrainer on the arm's fork groups, and its Accounting callback."""
-    settings = inputs.settings
-    run = Run(
-        tasks=inputs.tasks,
-        first_screens=prepared.first_screens,
-        guard=inputs.guard,
-        ledger=ledger,
-        groups=groups,
-        tools=inputs.tools,
-        max_turns=settings.max_turns,
-        clock=GenerationClock(),
-    )
-    callback = Accounting(
-        run,
-        inputs.prereg.budget_for(inputs.arm),
-        outputs,
-        journal,
-        restart,
-        preregistration.frozen_utc(inputs.receipts[preregistration.RECEIPT]),
-        prepared.processor,
-        console,
-        tracker,
-        ranks,
-        stop_judge(inputs, args, outputs) if ranks.main else None,
-    )
-    trainer = ResumableGRPOTrainer(
-        model=prepared.model,
-        processing_class=prepared.processor,
-        args=grpo_config(
-            settings, inputs.seed, journal.trl, inputs.compute, prepared.processor.tokenizer
-        ),
-        train_dataset=prepared.dataset,
-        environment_factory=environment_factory(run),
-        callbacks=[callback],
-        peft_config=lora_config(inputs.compute),
-        steps_path=journal.records["steps"],
-        ranks=ranks,
-        step_times=run.times,
-        # Timed from the trainer's thread: a batch is one environment span and one call of the
-        # generation clock, however many calls ran in it.
-        tool_calls=ToolCalls(settings.parallel_steps, run.times, run.clock.env_call),
-    )
-    return trainer, callback
-
-
-def judged_folder(args, inputs: RunInputs) -> Path:
-    """Where a run's judge processes keep their records: `<store>/../judged/<arm>/seed<k>`."""
-    folder = judged_beside(args.stop_at_target["store"], inputs.arm, inputs.seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def stop_judge(inputs: RunInputs, args, outputs: Outputs) -> StopJudge | None:
-    """The stop-at-target judge of a run whose budget stops at target (the A/B's runs where the
-    pre-registration says so; never a control's), or None."""
-    if not inputs.prereg.budget_for(inputs.arm).stop_at_target:
-        return None
-    return StopJudge(
-        frozen=["--target", args.target, "--receipts", *args.receipts, "--pins", args.pins],
-        checkpoint_records=outputs.checkpoint_records,
-        checkpoints=outputs.checkpoints,
-        settings=args.stop_at_target,
-        # this process's judgments: a restarted run judges its checkpoints again (the store
-        # makes that cheap) rather than trust a verdict on a checkpoint it rolled back. Beside
-        # the evaluation store, never in the run's folder: the held-out records the judge
-        # writes are no file of training's (it opens only the verdicts).
-        judged=Path(tempfile.mkdtemp(prefix="judge-", dir=judged_folder(args, inputs))),
-        cores=args.cores,
-        # three times the run's own wall-clock budget: a judge past that is hung
-        timeout_s=3 * inputs.prereg.budget_for(inputs.arm).max_wall_clock_s,
-    )
-
-
-def grpo_config(
-    settings: GrpoSettings, seed: int, trl_dir: Path, compute: Compute, tokenizer
-) -> GRPOConfig:
-    """TRL's settings; those that must not differ between arms come from the pins."""
-    generation = Generation(settings.temperature, settings.max_completion_length, settings.turn_end)
-    return GRPOConfig(
-        # TRL's own checkpoints (optimizer, scheduler, RNG, trainer state) go to the journal, one
-        # with each of ours, which the Accounting callback asks for (save_strategy stays "no").
-        # Two are kept, so the one the last resume point names survives the next one's rotation.
-        output_dir=str(trl_dir),
-        save_total_limit=2,
-        seed=seed,
-        data_seed=seed,
-        learning_rate=settings.learning_rate,
-        lr_scheduler_type="constant",  # max_steps below is only a ceiling; the budget stops us
-        max_steps=10**9,
-        num_generations=settings.num_generations,
-        # The device, dtype, micro-batches and generation path (trainer/compute.py); a step's
-        # generation batch is always whole (num_generations x prompts_per_step completions).
-        **grpo_kwargs(compute, settings.batch_size),
-        max_completion_length=settings.max_completion_length,
-        max_tool_calling_iterations=settings.max_turns,
-        temperature=settings.temperature,
-        beta=settings.beta,
-        # How a turn ends, as evaluation ends it (trainer/generation.py).
-        generation_kwargs=generation.trl_kwargs(tokenizer, vllm=compute.vllm is not None),
-        # Every completion keeps its gradient, a truncated one included: masking truncation made
-        # running to the length limit a shelter from negative advantages
-        # (docs/results/2026-11-29-embedded-default-v5-learns.md).
-        mask_truncated_completions=False,
-        save_strategy="no",
-        save_only_model=False,
-        logging_steps=1,
-        report_to="none",
-        disable_tqdm=True,  # our bar counts valid trajectories against the budget instead
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-    )
+# --- 3. build the trainer: trainer/build.py (its Accounting callback: trainer/callback.py) --------
 
 
 # --- 4. run --------------------------------------------------------------------------------------
