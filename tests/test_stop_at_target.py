@@ -184,3 +184,41 @@ def test_the_runs_logged_actions_replay_alike_on_both_arms_and_as_recorded(stopp
     assert replayed["verdict"] == "same" and replayed["attempts"] == 4
     assert set(replayed["arms"]) == {"restore", "drums"} and replayed["arms_agree"] == 4
     assert "4 answered alike on every arm; same" in result.stderr
+
+
+def test_a_judge_resumed_mid_way_judges_only_what_is_left(stopped, monkeypatch):
+    """A judge killed after its first checkpoint's evaluation leaves that record in its folder;
+    the judge run again on that folder takes the record as it is and evaluates only the rest,
+    from the evaluation store (nothing is played again), to the same verdict."""
+    from envab.analysis.stop_at_target import main as judge
+    from envab.receipts import FREEZE_RECEIPTS
+
+    results = stopped.run.parent.parent
+    [first] = (results / "judged" / "drums" / "seed1").glob("judge-*/eval/valid-000000.json")
+    folder = stopped.root / "judged-again"
+    (folder / "eval").mkdir(parents=True)
+    kept = folder / "eval" / "valid-000000.json"
+    kept.write_bytes(first.read_bytes())  # what the killed judge had written
+    written = kept.stat().st_mtime_ns
+    arms = yaml.safe_load((stopped.root / "config.yaml").read_text())["arms"]
+    run = stopped.run.relative_to(stopped.root)
+    monkeypatch.chdir(stopped.root)
+    code = judge(
+        [*("--target", "preregistration/target.yaml", "--receipts"),
+         *(f"receipts/{results.name}/{name}" for name in FREEZE_RECEIPTS),
+         *("--pins", f"{run}/pins.json", "--checkpoint-records", f"{run}/checkpoints.jsonl"),
+         *("--checkpoints", f"{run}/checkpoints", "--backend", json.dumps(arms["drums"])),
+         *("--confirm-backend", json.dumps(arms["drums"])),
+         *("--store", f"{results.relative_to(stopped.root)}/evaluations"),
+         *("--judged", str(folder), "--out", str(folder / "verdict.json"), "--cores", "1")]
+    )  # fmt: skip
+    assert code == 0
+    assert kept.stat().st_mtime_ns == written  # taken as the killed judge left it
+    rest = json.loads((folder / "eval" / "valid-000004.json").read_text())
+    assert rest["reused"]  # from the store: no episode played again
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert (verdict["checkpoint"], verdict["decision"], verdict["stop_reason"]) == (
+        "valid-000004",
+        STOP,
+        "target_reached",
+    )
