@@ -28,6 +28,7 @@ from pathlib import Path
 from envab.envs.arms import open_arm
 from envab.eval.episodes import Protocol, play
 from envab.io import read_jsonl
+from envab.layout import Layout
 from envab.trainer import agent
 from envab.trainer.generation import Generation
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from envs_bench import ARMS, PARALLEL, timed_cell  # noqa: E402  the same arms, configured alike
 
 REPO = Path(__file__).resolve().parent.parent
-RUN = REPO / ".test" / "results" / "test-small-v1" / "drums" / "seed1"
+RUN = Layout("test-small-v1", REPO / ".test").run("drums", 1)
 
 
 def cell(policy, backend, tasks, protocol: Protocol, parallel: int, seconds: float) -> dict:

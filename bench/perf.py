@@ -48,6 +48,8 @@ from pathlib import Path
 import yaml
 from soak import WORKFLOW  # the files a workflow copy needs (bench/soak.py)
 
+from envab.layout import Layout
+
 REPO = Path(__file__).resolve().parent.parent
 EXP = "perf"
 PARTS = ("generation", "environment", "logprobs", "learning", "rollout", "between")
@@ -100,7 +102,7 @@ def workflow_copy(
 
 def train(root: Path, arm: str, profile: Path | None) -> float:
     """Train one arm; with `profile`, py-spy samples its training process into that file."""
-    target = f"results/{EXP}/{arm}/seed1/run.json"
+    target = (Layout(EXP).run(arm, 1) / "run.json").as_posix()
     started = time.monotonic()
     job = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "--cores", "all", target],
@@ -187,7 +189,7 @@ def verify_against_sha256sum(root: Path, scratch: Path, gib: float) -> dict:
     """`python -m envab.verify receipts/perf` against `sha256sum` on the files it checks, whole
     processes; then the hashing alone (verify's `Digests`, in a fresh interpreter) against
     `sha256sum` on `gib` GiB of checkpoint-sized files, where start-up no longer hides it."""
-    command = [sys.executable, "-m", "envab.verify", f"receipts/{EXP}"]
+    command = [sys.executable, "-m", "envab.verify", Layout(EXP).receipts.as_posix()]
     checked = subprocess.run(command, cwd=root, capture_output=True, text=True)
     if checked.returncode != 0:
         raise SystemExit(f"verify failed:\n{checked.stdout[-3000:]}")
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             first = root == roots[0]
             profile = args.out / f"profile-{arm}.txt" if args.profile and first else None
             wall = train(root, arm, profile)
-            run = json.loads((root / "results" / EXP / arm / "seed1" / "run.json").read_text())
+            run = json.loads((Layout(EXP, root).run(arm, 1) / "run.json").read_text())
             entry = {"job_wall_s": round(wall, 1), "steps": step_table(run)}
             entry["placement"] = run.get("placement")
             entry["tool_calls"] = run.get("tool_calls")  # absent in runs before the setting

@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from envab.hashing import file_manifest
+from envab.layout import Layout
 from envab.preregistration import Preregistration
 from envab.trainer.resume import MOMENTS
 
@@ -128,8 +129,8 @@ def snakemake(root: Path, *targets: str, env: dict) -> subprocess.CompletedProce
 
 def train_with_kills(root: Path, exp: str, arm: str, kills: int, env: dict, rng) -> dict:
     """Kill the arm's training `kills` times at drawn moments, then let it finish."""
-    run_dir = root / "results" / exp / arm / "seed1"
-    target = str(Path("results") / exp / arm / "seed1" / "run.json")
+    run_dir = Layout(exp, root).run(arm, 1)
+    target = (Layout(exp).run(arm, 1) / "run.json").as_posix()
     done = []
     for _ in range(kills):
         at = f"{rng.choice(MOMENTS)}:{rng.randint(1, 3)}"
@@ -240,14 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     if result.returncode != 0:
         raise SystemExit(f"the workflow did not finish:\n{result.stderr[-3000:]}")
     verified = subprocess.run(
-        [sys.executable, "-m", "envab.verify", f"receipts/{exp}"],
+        [sys.executable, "-m", "envab.verify", Layout(exp).receipts.as_posix()],
         cwd=root,
         capture_output=True,
         text=True,
     )
     figures = {
-        arm: check_run(root / "results" / exp / arm / "seed1", plans[arm], kills[arm])
-        for arm in ARMS
+        arm: check_run(Layout(exp, root).run(arm, 1), plans[arm], kills[arm]) for arm in ARMS
     }
     report = {
         "valid_per_arm": args.valid,

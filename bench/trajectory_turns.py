@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from envab.layout import Layout
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def main() -> None:
     p.add_argument("--directory", type=Path, default=REPO)
     p.add_argument("--experiment", required=True)
     args = p.parse_args()
-    results = args.directory / "results" / args.experiment
+    results = Layout(args.experiment, args.directory).results
     training, heldout = [], []
     for run in sorted(results.glob("*/seed*/trajectories.jsonl")):
         name = f"{run.parent.parent.name} {run.parent.name}"

@@ -44,14 +44,11 @@ def test_a_run_is_read_back_only_from_its_own_file_of_its_own_experiment():
         assert layout.run_of(other, "run.json") is None, other
 
 
-def test_the_layout_has_one_home(tmp_path):
-    """No module of the pipeline, rule or stage spells the layout itself; and the check names a
-    module that does."""
-    files = [
-        p
-        for d in ("envab", "trainer", "eval", "analysis", "envs")
-        for p in (REPO / d).rglob("*.py")
-    ]
+def test_the_layout_has_one_home():
+    """No module of the pipeline, rule, stage or benchmark spells the layout itself; and the
+    check names a module that does."""
+    stages = ("envab", "trainer", "eval", "analysis", "envs", "bench")
+    files = [p for d in stages for p in (REPO / d).rglob("*.py")]
     files += [*(REPO / "rules").glob("*.smk"), REPO / "Snakefile"]
     spelled = [
         f"{path.relative_to(REPO)}:{n}: {line.strip()}"
