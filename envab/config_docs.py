@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from envab.errors import Refusal
+
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "config.schema.yaml"
 PAGE = REPO / "docs" / "reference" / "config.md"
@@ -66,8 +68,8 @@ ARM_SECTIONS = (
 )
 
 
-class Undescribed(ValueError):
-    """A key of the schema without a description."""
+class Undescribed(Refusal):
+    """A key of the schema without a description (its args[0]: every such key)."""
 
 
 def _one_line(text: str) -> str:

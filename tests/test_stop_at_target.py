@@ -201,14 +201,16 @@ def test_a_judge_resumed_mid_way_judges_only_what_is_left(stopped, monkeypatch):
     kept.write_bytes(first.read_bytes())  # what the killed judge had written
     written = kept.stat().st_mtime_ns
     arms = yaml.safe_load((stopped.root / "config.yaml").read_text())["arms"]
+    target = yaml.safe_load((stopped.root / "preregistration/target.yaml").read_text())
+    evaluated_on = json.dumps(arms[target["evaluation"]["backend"]])  # as the rule hands it
     run = stopped.run.relative_to(stopped.root)
     monkeypatch.chdir(stopped.root)
     code = judge(
         [*("--target", "preregistration/target.yaml", "--receipts"),
          *(f"receipts/{results.name}/{name}" for name in FREEZE_RECEIPTS),
          *("--pins", f"{run}/pins.json", "--checkpoint-records", f"{run}/checkpoints.jsonl"),
-         *("--checkpoints", f"{run}/checkpoints", "--backend", json.dumps(arms["drums"])),
-         *("--confirm-backend", json.dumps(arms["drums"])),
+         *("--checkpoints", f"{run}/checkpoints", "--backend", evaluated_on),
+         *("--confirm-backend", evaluated_on),
          *("--store", f"{results.relative_to(stopped.root)}/evaluations"),
          *("--judged", str(folder), "--out", str(folder / "verdict.json"), "--cores", "1")]
     )  # fmt: skip
