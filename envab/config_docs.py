@@ -76,9 +76,14 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _resolved(node: dict, defs: dict) -> dict:
+    """`node`, or the definition its `$ref` names."""
+    return defs.get(node["$ref"].split("/")[-1], {}) if "$ref" in node else node
+
+
 def _kind(node: dict, defs: dict) -> str:
     """The key's type as the page shows it: its values where they are few, else its JSON type."""
-    node = defs.get(node["$ref"].split("/")[-1], {}) if "$ref" in node else node
+    node = _resolved(node, defs)
     if "const" in node:
         return f"`{node['const']}`"
     if "enum" in node:
@@ -99,75 +104,74 @@ def _default(node: dict) -> str:
     return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
 
 
-def rows(node: dict, defs: dict, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) for every key under `node`, depth first; Undescribed
-    naming every key that has no description."""
-    found, missing = [], []
+Row = tuple[str, str, str, str]  # key, type, default, description
+
+
+def rows(node: dict, defs: dict, prefix: str, missing: list[str], deep: bool = True) -> list[Row]:
+    """A row for every key under `node`, depth first (`deep`: into nested mappings written in
+    place; a `$ref`'s definition is its own section); each key without a description is added to
+    `missing` instead."""
+    found = []
     for key, child in (node.get("properties") or {}).items():
         path = f"{prefix}{key}"
-        resolved = defs.get(child["$ref"].split("/")[-1], {}) if "$ref" in child else child
+        resolved = _resolved(child, defs)
         description = child.get("description") or resolved.get("description")
         if not description:
             missing.append(path)
             continue
         found.append((path, _kind(child, defs), _default(child), _one_line(description)))
-        if "properties" in resolved and "$ref" not in child:
-            try:
-                found += rows(resolved, defs, f"{path}.")
-            except Undescribed as e:
-                missing += e.args[0]
-    if missing:
-        raise Undescribed(missing)
+        if deep and "properties" in resolved and "$ref" not in child:
+            found += rows(resolved, defs, f"{path}.", missing)
     return found
 
 
-def _table(found: list[tuple[str, str, str, str]]) -> str:
+def _table(found: list[Row]) -> str:
     lines = ["| key | type | default | what it says |", "|---|---|---|---|"]
     lines += [f"| `{k}` | {t} | {d} | {w} |" for k, t, d, w in found]
     return "\n".join(lines) + "\n"
+
+
+def _section(heading: str, node: dict, defs: dict, prefix: str, missing: list[str]) -> str:
+    """A section whose mapping has its own description above its table."""
+    if not node.get("description"):
+        missing.append(prefix.rstrip("."))
+    return f"\n{heading}\n\n{_one_line(node.get('description', ''))}\n\n" + _table(
+        rows(node, defs, prefix, missing)
+    )
+
+
+# Top-level mappings whose nested mappings (training's compute, grpo, ...) are sections of their
+# own rather than rows of one long table.
+SPLIT = ("training",)
 
 
 def page(schema: dict) -> str:
     """The whole page for `schema`; Undescribed naming every key without a description."""
     defs = schema.get("$defs", {})
     parts, missing = [HEAD], []
-    top = [(k, v) for k, v in schema["properties"].items()]
-    try:
-        parts.append("\n## Top level\n\n" + _table(
-            [(k, _kind(v, defs), _default(v), _one_line(v.get("description", "")))
-             for k, v in top]))  # fmt: skip
-        if absent := [k for k, v in top if not v.get("description")]:
-            missing += absent
-    except Undescribed as e:
-        missing += e.args[0]
-    sections = [(k, v) for k, v in top if "properties" in v]
-    # training's nested mappings (compute, ...) each a section of their own
-    for key, node in sections:
-        nested = [(f"{key}.{k}", v) for k, v in node["properties"].items() if "properties" in v]
-        flat = {**node, "properties": {k: v for k, v in node["properties"].items()
-                                       if "properties" not in v or key != "training"}}  # fmt: skip
-        try:
-            parts.append(f"\n## {key}\n\n" + _table(rows(flat, defs, f"{key}.")))
-        except Undescribed as e:
-            missing += e.args[0]
+    top = schema["properties"]
+    parts.append("\n## Top level\n\n" + _table(rows(schema, defs, "", missing, deep=False)))
+    for key, node in top.items():
+        if "properties" not in node:
+            continue
+        split = key in SPLIT
+        parts.append(f"\n## {key}\n\n" + _table(rows(
+            {"properties": {k: v for k, v in node["properties"].items()
+                            if not (split and "properties" in v)}},
+            defs, f"{key}.", missing)))  # fmt: skip
         if key in NOTES:
             parts.append("\n" + NOTES[key])
-        for name, sub in nested if key == "training" else []:
-            try:
-                parts.append(f"\n### {name}\n\n" + _one_line(sub["description"]) + "\n\n"
-                             + _table(rows(sub, defs, f"{name}.")))  # fmt: skip
-            except (Undescribed, KeyError) as e:
-                missing += e.args[0] if isinstance(e, Undescribed) else [name]
-            if name in NOTES:
-                parts.append("\n" + NOTES[name])
+        for sub, child in node["properties"].items() if split else ():
+            if "properties" in child:
+                name = f"{key}.{sub}"
+                parts.append(_section(f"### {name}", child, defs, f"{name}.", missing))
+                if name in NOTES:
+                    parts.append("\n" + NOTES[name])
     parts.append("\n## arms\n\n" + NOTES["arms"])
     for name, title in ARM_SECTIONS:
-        node = defs[name]
-        try:
-            parts.append(f"\n### {title}\n\n{_one_line(node['description'])}\n\n"
-                         + _table(rows(node, defs)))  # fmt: skip
-        except Undescribed as e:
-            missing += [f"arms.<name>.{k}" for k in e.args[0]]
+        undescribed: list[str] = []
+        parts.append(_section(f"### {title}", defs[name], defs, "", undescribed))
+        missing += [f"arms.<name>.{k}" for k in undescribed]
     if missing:
         raise Undescribed(missing)
     parts.append("\n" + TAIL)
