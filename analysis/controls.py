@@ -57,8 +57,12 @@ never crossed; the control's last checkpoint where the control's own trajectory 
 `max_valid_trajectories`, stopped it before that) the control's wall-clock minus the base's is
 reset_delay_s x the environment set-ups the control made before that checkpoint, counted from
 its trajectories (one per fork group; one per attempt on an arm that does not fork), within
-`tolerance`. The A/A's wall-clock ratio there is this machine's timing noise floor (shown, not
-judged: one draw per seed). Every run's reward consistency is shown whatever the rules: a flaky
+`tolerance`. Where the registration times the handicap in its blocks and says
+`timing.handicap_run_time: shown`, the blocks alone judge its speed (analysis/speed.py) and this
+added time is shown, not judged: at the smallest effect of interest one run's added seconds
+cannot be told from one run's noise (v14's handicap added 5.1 s to a run whose base took 7 s
+longer than the same weights' run an hour before). The A/A's wall-clock ratio there is this
+machine's timing noise floor (shown, not judged: one draw per seed). Every run's reward consistency is shown whatever the rules: a flaky
 verifier is a finding on its own.
 """
 
@@ -247,6 +251,12 @@ def compare(control: Control, base_runs: list[RunRecords], runs: list[RunRecords
     evidence = {"seeds": per_seed, "curves": curves, "curve_test": curve_test, "rewards": rewards}
     if control.expect == "slower":
         evidence["time_test"] = added_time_test([s["timing"] for s in per_seed], level)
+        timing = getattr(prereg, "timing", None)
+        # Registered `timing.handicap_run_time: shown`: the blocks judge this handicap's speed,
+        # and one run's added time against one run's is shown beside (module docstring).
+        evidence["added_time"] = (
+            "judged" if timing is None or timing.judges_run_time(control) else "shown"
+        )
     if control.expect == "eval_differs":
         evidence["evaluation"] = _evaluation_check(
             control, [mine[s] for s in seeds], [base[s] for s in seeds], alpha
@@ -406,10 +416,17 @@ def _deterministic_verdict(control: Control, evidence: dict) -> tuple[str, list[
     if control.expect == "same":
         ok = never and evidence["curves"]["verdict"] == "equivalent"
     elif control.expect == "slower":
-        ok = never and all(s["timing"].get("verdict") == "recovered" for s in per_seed)
+        recovered = all(s["timing"].get("verdict") == "recovered" for s in per_seed)
+        ok = never and (recovered or not _run_time_judged(evidence))
     else:
         ok = all(s["divergence"]["verdict"] == "diverged" for s in per_seed)
     return ("as expected" if ok else "NOT as expected"), []
+
+
+def _run_time_judged(evidence: dict) -> bool:
+    """Whether a handicap's own run's added time is judged (a record from before the rule was
+    registered: it was)."""
+    return evidence.get("added_time", "judged") == "judged"
 
 
 def _fmt_p(p: float | None) -> str:
@@ -441,7 +458,7 @@ def _nondeterministic_verdict(control: Control, evidence: dict) -> tuple[str, li
         unpowered.append(f"curves: {curve.get('reason', curve['verdict'])}")
     if p is not None and p <= rewards["alpha"]:
         failed.append(f"excess reward disagreement ({counts} <= {rewards['alpha']:g})")
-    if control.expect == "slower":
+    if control.expect == "slower" and _run_time_judged(evidence):
         time = evidence["time_test"]
         if time["verdict"] == "differs from predicted":
             failed.append(
@@ -615,13 +632,22 @@ EXPECTED = {
 }
 
 
+def _expected_text(judgement: dict, rules: str) -> str:
+    """What the control must show under `rules`; a handicap whose run time is only shown says
+    where its speed is judged instead."""
+    text = EXPECTED[rules][judgement["expect"]]
+    if judgement["expect"] == "slower" and not _run_time_judged(judgement):
+        text = text.replace("added time = predicted", "added time shown (the blocks judge speed)")
+    return text
+
+
 def _rewards_text(c: dict) -> str:
     if "comparable_groups" not in c:
         return c.get("reason", c.get("verdict", ""))
     return f"{c['disagreeing_groups']}/{c['comparable_groups']}"
 
 
-def _observed(seed: dict) -> str:
+def _observed(seed: dict, run_time_judged: bool = True) -> str:
     d, t = seed["divergence"], seed["timing"]
     div = f"diverged at step {d['step']}" if d["verdict"] == "diverged" else d["verdict"]
     if d["verdict"] == "never":
@@ -634,7 +660,9 @@ def _observed(seed: dict) -> str:
     if "predicted_added_s" in t:
         parts.append(
             f"added {t['added_s']:.1f} s against {t['predicted_added_s']:.1f} s predicted "
-            f"({t['setups']} set-ups, {t['verdict']})"
+            f"({t['setups']} set-ups, {t['verdict']}"
+            + ("" if run_time_judged else ": shown, not judged")
+            + ")"
         )
     rc = seed.get("reward_consistency")
     if rc:
@@ -702,13 +730,16 @@ def render_markdown(judgements: list[dict], determinism: dict | None = None) -> 
         change = ", ".join(f"{k} {v}" for k, v in j["change"].items() if k != "seed") or "none"
         if j.get("max_valid_trajectories"):
             change += f"; {j['max_valid_trajectories']:,} valid trajectories"
-        observed = "<br>".join(_observed(s) for s in j.get("seeds", [])) or j.get("reason", "")
+        judged = _run_time_judged(j)
+        observed = "<br>".join(_observed(s, judged) for s in j.get("seeds", [])) or j.get(
+            "reason", ""
+        )
         if j.get("reasons"):
             observed += "<br>" + "; ".join(j["reasons"])
         rules = j.get("rules", DETERMINISTIC)
         lines.append(
             f"| {j['name']} | {j['runs_as']} | {change} | {rules} "
-            f"| {EXPECTED[rules][j['expect']]} | {observed} | {_curves_text(j)} "
+            f"| {_expected_text(j, rules)} | {observed} | {_curves_text(j)} "
             f"| **{j['verdict']}** |"
         )
     if not judgements:

@@ -437,6 +437,7 @@ def compute_outcome(
             primary.alpha,
             primary.smallest_effect,
             getattr(prereg, "timed_controls", ()),
+            prereg.timing.aa_rule if getattr(prereg, "timing", None) else "covers_one",
         )
         if timing is not None
         else None

@@ -196,9 +196,19 @@ class TimingRule:
     max_load_difference: float
     max_steal: float
     max_reruns: int
+    # how a timed A/A is judged: its interval covers 1, or lies inside the smallest effect of
+    # interest both ways (an equivalence test); the schema's default is v12's rule
+    aa_rule: str
+    # a timed handicap's own run's added wall-clock: judged within tolerance, or shown (the
+    # blocks alone judge its speed)
+    handicap_run_time: str
     # the registered controls' runs (<arm>-<name>) timed in every block beside the arms, each
     # judged by the primary endpoint against its base arm (analysis/speed.py)
     controls: tuple[str, ...] = ()
+
+    def judges_run_time(self, control: Control) -> bool:
+        """Whether a handicap's own run's added wall-clock is judged (not only shown)."""
+        return self.handicap_run_time == "judged" or control.run_arm not in self.controls
 
 
 #: What each control's `expect` needs of its settings (envs/controls.py).

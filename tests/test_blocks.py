@@ -180,6 +180,31 @@ def test_a_timed_control_is_judged_by_the_primary_endpoint_and_flips(expect, fac
     assert f"drums-ctl/drums ({expect}:" in text and f"**{verdict}**" in text
 
 
+@pytest.mark.parametrize(
+    ("noise", "rule", "verdict"),
+    [
+        # a precise A/A whose two windows differ by 3 %: "covers 1" fails over a difference too
+        # small to matter (v13 under load: 1.03 [1.01, 1.06]); equivalence passes it
+        ([1.03 * n for n in NOISE], "covers_one", "NOT as expected"),
+        ([1.03 * n for n in NOISE], "within_smallest_effect", "as expected"),
+        # a noisy A/A whose interval covers 1 and reaches past 0.8: "covers 1" passes it by its
+        # width alone; equivalence fails it (the blocks cannot show the arm agrees with itself)
+        ([0.6, 1.5, 0.7, 1.4, 0.8, 1.3, 1.0, 1.0], "covers_one", "as expected"),
+        ([0.6, 1.5, 0.7, 1.4, 0.8, 1.3, 1.0, 1.0], "within_smallest_effect", "NOT as expected"),
+        (NOISE, "within_smallest_effect", "as expected"),
+    ],
+)
+def test_a_timed_a_a_is_judged_by_the_registered_rule_and_each_rule_flips(noise, rule, verdict):
+    from envab.analysis.speed import control_lines, judge_control
+
+    executions = timed(BASE, [b * n for b, n in zip(BASE, noise, strict=True)])
+    judged = judge_control(executions, control("same"), alpha=0.05, smallest=0.8, aa_rule=rule)
+    assert (judged["rule"], judged["verdict"]) == (rule, verdict), judged["judged"]
+    text = "\n".join(control_lines([judged]))
+    words = "inside the smallest effect" if rule == "within_smallest_effect" else "covers 1"
+    assert words in text and f"**{verdict}**" in text
+
+
 def test_a_timed_control_on_one_block_is_not_tested():
     from envab.analysis.speed import judge_control
 

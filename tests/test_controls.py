@@ -159,6 +159,41 @@ def test_the_handicap_is_recovered_only_when_the_added_time_is_the_predicted_one
     assert judge(slower, [base], [unchanged], PREREG)["verdict"] == "NOT as expected"
 
 
+def test_a_handicap_timed_in_the_blocks_has_its_run_time_shown_not_judged_where_registered(
+    tmp_path,
+):
+    """`timing.handicap_run_time: shown` (a registration whose blocks time the handicap): a
+    handicap run that added nothing is no longer failed by its run's added time (the blocks
+    judge its speed), and still fails where it diverged; `judged`, or a handicap the blocks do
+    not time, keeps the run-level check."""
+    from envab.preregistration import TimingRule
+
+    slower = Control("handicap", "drums", "slower", reset_delay_s=2.0)
+    base = run(tmp_path / "a", "drums", RATES, 1.0)
+    unchanged = run(tmp_path / "b", "drums-handicap", RATES, 1.0)
+
+    def registered(rule, timed=("drums-handicap",)):
+        timing = TimingRule(
+            blocks=8, order_seed=1, window_valid_trajectories=64, max_outside_load=0.5,
+            max_load_difference=0.1, max_steal=0.05, max_reruns=2, aa_rule="covers_one",
+            handicap_run_time=rule, controls=timed,
+        )  # fmt: skip
+        return SimpleNamespace(**vars(PREREG), timing=timing)
+
+    shown = judge(slower, [base], [unchanged], registered("shown"))
+    assert (shown["added_time"], shown["verdict"]) == ("shown", "as expected")
+    assert "not recovered: shown, not judged" in render_markdown([shown])
+    assert "added time shown (the blocks judge speed)" in render_markdown([shown])
+    judged = judge(slower, [base], [unchanged], registered("judged"))
+    assert (judged["added_time"], judged["verdict"]) == ("judged", "NOT as expected")
+    untimed = judge(slower, [base], [unchanged], registered("shown", timed=()))
+    assert untimed["verdict"] == "NOT as expected"
+    parted = copy.deepcopy(STEPS)
+    parted[1]["rewards"] = "other"
+    diverged = run(tmp_path / "c", "drums-handicap", RATES, 1.0, steps=parted)
+    assert judge(slower, [base], [diverged], registered("shown"))["verdict"] == "NOT as expected"
+
+
 def test_a_corruption_control_passes_only_when_every_seed_diverges(tmp_path):
     corrupt = Control("corruption", "drums", "differ", flip_rewards=0.25)
     base = run(tmp_path / "a", "drums", RATES, 1.0)
