@@ -62,8 +62,8 @@ its trajectories (one per fork group; one per attempt on an arm that does not fo
 added time is shown, not judged: at the smallest effect of interest one run's added seconds
 cannot be told from one run's noise (v14's handicap added 5.1 s to a run whose base took 7 s
 longer than the same weights' run an hour before). The A/A's wall-clock ratio there is this
-machine's timing noise floor (shown, not judged: one draw per seed). Every run's reward consistency is shown whatever the rules: a flaky
-verifier is a finding on its own.
+machine's timing noise floor (shown, not judged: one draw per seed). Every run's reward
+consistency is shown whatever the rules: a flaky verifier is a finding on its own.
 """
 
 from __future__ import annotations
