@@ -152,6 +152,14 @@ def other_route(evaluator, http) -> float:
     return 1.0 if reply["status"] == 403 else 0.0
 
 
+def many_requests(evaluator, http) -> float:
+    """Ask the environment for a file `evaluator["requests"]` times: 1.0 if every one came back
+    (the host's request budget did not stop it)."""
+    for _ in range(evaluator["requests"]):
+        http("POST", "/file", "application/x-www-form-urlencoded", b"file_path=big")
+    return 1.0
+
+
 def forge(evaluator, http) -> float:
     """For `evaluator["seconds"]`, rewrite every other checker's job it can find under the host's
     temporary folder (`evaluator["tmp"]`) to an always-true one, and plant a file in its cache:
@@ -270,7 +278,9 @@ def browser_closed(evaluator, http) -> float:
 PROBES = {
     f.__name__: f
     for f in (
-        *(write_marker, connect, facts, kernel_calls, orphan, other_route, hang, forge),
+        *(write_marker, connect, facts, kernel_calls, orphan, other_route, many_requests),
+        forge,
+        hang,
         *(exit_early, allocate, raw_frame, raw_bytes, answer, browser_echo, browser_closed),
     )
 }

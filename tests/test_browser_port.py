@@ -94,6 +94,33 @@ def test_an_answer_larger_than_a_turn_arrives_whole():
     assert request[2] == hashlib.sha256(greeting).digest()
 
 
+def test_an_environment_that_answers_a_turn_past_its_chunk_or_without_end_is_oversize():
+    """An honest environment answers at most a chunk a turn (server.BROWSER_CHUNK, the relay's
+    ANSWER_MAX); a turn's answer over it, or a browser that streams without end past the
+    evaluation's relayed bytes, makes the evaluation invalid (`oversize`), never a host that
+    carries whatever comes."""
+    assert debugging.ANSWER_MAX == server.BROWSER_CHUNK  # two copies: the server runs alone
+    browser = StandInBrowser()
+    env, files = _environment(browser), Environment({})
+    honest = _turns(env)
+
+    def inflated(stream, data, close, wait):
+        reply = honest(stream, data, close, wait)
+        return {**reply, "data": reply["data"] + b"x" * (debugging.ANSWER_MAX + 1)}
+
+    with pytest.raises(CheckerFailed) as failed:
+        _run("browser_echo", files, inflated, say="hi", want=2)
+    assert failed.value.failure == "oversize" and "in one turn" in str(failed.value)
+
+    endless = StandInBrowser(greeting=b"p" * (64 * 2**20))  # more than the budget below
+    env = _environment(endless)
+    limits = Limits(relayed_bytes=8 * 2**20)
+    with pytest.raises(CheckerFailed) as failed:
+        _run("browser_echo", Environment({}), _turns(env), limits, say="", want=64 * 2**20)
+    assert failed.value.failure == "oversize" and "passed 8388608 bytes" in str(failed.value)
+    assert env.streams == {}  # the host closed what the checker left open
+
+
 def test_a_checker_whose_getters_do_not_ask_the_browser_finds_its_port_closed():
     browser = StandInBrowser()
     assert _run("browser_closed", Environment({}), None) == 1.0

@@ -303,6 +303,20 @@ def test_a_checker_that_hangs_is_killed_at_its_deadline():
     assert time.monotonic() - start < 4 + 10  # its start, the deadline, and the kill
 
 
+def test_what_one_evaluation_relays_is_bounded_in_requests_and_bytes():
+    """The host relays a checker's requests and the environment's answers up to a budget per
+    evaluation (confine.Limits: requests, relayed_bytes), whatever the deadline leaves time for;
+    past it, the evaluation is invalid (`oversize`). Under both budgets the same probe scores."""
+    env = Environment({"big": b"x" * 2**20})
+    assert _probe("many_requests", env, Limits(requests=10), requests=8) == 1.0
+    failed = _failure("many_requests", Limits(requests=10), requests=11)
+    assert failed.failure == "oversize" and "more than 10 requests" in str(failed)
+    with pytest.raises(CheckerFailed) as failed:
+        _probe("many_requests", env, Limits(relayed_bytes=4 * 2**20), requests=5)
+    assert failed.value.failure == "oversize" and "passed 4194304 bytes" in str(failed.value)
+    assert len(env.requests) == 8 + 5  # the fifth 1 MiB answer was the one past the budget
+
+
 def test_a_checker_that_exits_without_a_score_is_a_crash():
     failed = _failure("exit_early")
     assert failed.failure == "crash" and "exit 3" in str(failed)

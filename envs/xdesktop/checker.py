@@ -32,10 +32,13 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
 Frames are the channel's (`envs/channel.py`: length-prefixed JSON, bytes as base64): the
 checker sends `{"http": [method, path, content type, body]}` or `{"browser": [stream, data,
 close, wait]}` (at most `REQUEST_MAX` bytes) and ends with `{"score": x}` or `{"error":
-name}`. The host takes a score only as a finite number in [0, 1]; anything else — an error, a
-crash, garbage or an oversize frame on its output, no score by the total deadline (then it is
-killed) — raises `CheckerFailed`, whose `failure` the pool records as the audit flag
-`checker_<failure>` of an invalid attempt (gate verifier_available).
+name}`. The host relays at most `Limits.requests` requests and `Limits.relayed_bytes` of the
+environment's answers for one evaluation, and a browser turn's answer of at most
+`debugging.ANSWER_MAX` bytes. The host takes a score only as a finite number in [0, 1];
+anything else — an error, a crash, garbage or an oversize frame on its output, a budget passed,
+no score by the total deadline (then it is killed) — raises `CheckerFailed`, whose `failure`
+the pool records as the audit flag `checker_<failure>` of an invalid attempt (gate
+verifier_available).
 
 Where the confinement cannot be had (no network or process namespace: not root and no user
 namespaces; a uid change refused), the checker refuses with `{"error": "ConfinementError"}`,
@@ -103,7 +106,8 @@ Http = Callable[[str, str, str, bytes], Mapping]
 
 class CheckerFailed(RuntimeError):
     """No valid score from the checker process; `failure` names why: timeout, crash (it raised
-    or died), garbage (a frame that is no message, a cache that is not files), oversize,
+    or died), garbage (a frame that is no message, a cache that is not files), oversize (a frame,
+    an answer or an evaluation's relay budget past its limit),
     bad_score, environment (the environment could not answer its request, or answered that
     it does not provide what was asked), sandbox (the confinement was refused)."""
 
@@ -201,6 +205,7 @@ def _serve(
     name the digest of the job this host wrote for it (`job_sha256`)."""
     channel = PipeChannel(proc.stdout.fileno(), proc.stdin.fileno(), max_frame=REQUEST_MAX)
     deadline = time.monotonic() + limits.deadline_s
+    requests = relayed = 0
     while True:
         try:
             message = channel.recv(timeout=max(0.0, deadline - time.monotonic()))
@@ -226,12 +231,20 @@ def _serve(
             if name == ConfinementError.__name__:
                 raise CheckerFailed("sandbox", "the checker's confinement was refused")
             raise CheckerFailed("crash", f"the checker raised {name}")
+        if kind not in ("http", "browser"):
+            raise CheckerFailed("garbage", f"a message {kind[:40]!r}")
+        requests += 1
+        if requests > limits.requests:
+            raise CheckerFailed("oversize", f"more than {limits.requests} requests")
         if kind == "http":
             reply = _answer(message["http"], http, routes)
-        elif kind == "browser":
-            reply = _turn(message["browser"], streams)
         else:
-            raise CheckerFailed("garbage", f"a message {kind[:40]!r}")
+            reply = _turn(message["browser"], streams)
+        relayed += len(reply.get("body", b"")) + len(reply.get("data", b""))
+        if relayed > limits.relayed_bytes:
+            raise CheckerFailed(
+                "oversize", f"the environment's answers passed {limits.relayed_bytes} bytes"
+            )
         try:
             channel.send(reply)
         except FrameTooLarge as e:
@@ -276,6 +289,8 @@ def _turn(request, streams: debugging.Streams | None) -> dict:
         return {"data": b"", "open": False}
     try:
         return streams(stream, data, close, wait)
+    except debugging.AnswerTooLarge as e:
+        raise CheckerFailed("oversize", str(e)) from None
     except Exception as e:  # the environment's channel: dead, late or out of step
         raise CheckerFailed("environment", f"{type(e).__name__}: {e}") from None
 

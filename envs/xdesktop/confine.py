@@ -77,6 +77,12 @@ class Limits:
     file_bytes: int = 64 * 2**20  # one file: the largest the environment's channel carries
     open_files: int = 256
     processes: int = 256  # the uid's processes and threads: the relay runs a thread a request
+    # What the host relays for one evaluation, whatever the deadline leaves time for: the
+    # checker's requests (files and browser turns; an idle browser stream asks 20 times a
+    # second) and the environment's answers' bytes (a few files of up to file_bytes each, and the
+    # browser's pages). Past either, the evaluation is invalid (`oversize`), not slow.
+    requests: int = 65_536
+    relayed_bytes: int = 512 * 2**20
 
 
 class ConfinementError(RuntimeError):

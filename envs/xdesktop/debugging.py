@@ -35,6 +35,9 @@ CHUNK = 512 * 2**10
 ANSWER_WAIT_S = 0.5  # a turn that sent bytes waits this long for the browser's first answer
 IDLE_S = 0.05  # a stream with nothing to send asks for the browser's news this often
 WAIT_MAX_S = 1.0
+# The most the environment answers in one turn (envs/xdesktop/server.py's BROWSER_CHUNK: the rest
+# waits for the next turn); an answer over it is not an honest environment's.
+ANSWER_MAX = 2**20
 
 # (stream, data, close, wait) -> {"data": bytes, "open": bool}: one turn of a stream
 Turn = Callable[[int, bytes, bool, float], Mapping]
@@ -56,6 +59,10 @@ def turn(request) -> tuple[int, bytes, bool, float]:
     return stream, data, close, float(wait)
 
 
+class AnswerTooLarge(ValueError):
+    """The environment answered a turn with more than ANSWER_MAX bytes."""
+
+
 class Streams:
     """The host's side: the environment's `browser` turns for one checker, and which streams it
     left open (closed by `close`, whatever the checker did)."""
@@ -66,6 +73,11 @@ class Streams:
 
     def __call__(self, stream: int, data: bytes, close: bool, wait: float) -> dict:
         reply = self.browser(stream, data, close, wait)
+        if not (isinstance(reply.get("data"), bytes) and type(reply.get("open")) is bool):
+            raise ValueError("a browser answer that is not {data: bytes, open: true or false}")
+        if len(reply["data"]) > ANSWER_MAX:
+            raise AnswerTooLarge(f"a browser answer of {len(reply['data'])} bytes in one turn "
+                                 f"(at most {ANSWER_MAX})")  # fmt: skip
         if reply["open"]:
             self.opened.add(stream)
         else:
