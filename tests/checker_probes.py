@@ -32,13 +32,37 @@ def score(evaluator, http) -> float:
 
 
 def write_marker(evaluator, http) -> float:
-    """Write a file into a root-owned folder: 1.0 when refused."""
+    """Write a file into a folder of the host's: 1.0 when refused (not its uid's, read-only, or
+    not there at all in the checker's root)."""
     try:
         with open(os.path.join(evaluator["folder"], "marker"), "w") as f:
             f.write("the checker wrote here")
-    except PermissionError:
+    except OSError:
         return 1.0
     return 0.0
+
+
+def host_files(evaluator, http) -> float:
+    """Read each of `evaluator["paths"]` (the host's files) and connect to each of
+    `evaluator["sockets"]`: 1.0 when none could be; what came back is reported to /file."""
+    reached = []
+    for path in evaluator["paths"]:
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+            reached.append(path)
+        except OSError:
+            pass
+    for path in evaluator["sockets"]:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+            reached.append(path)
+        except OSError:
+            pass
+    if http is not None:
+        http("POST", "/file", "application/json", json.dumps(reached).encode())
+    return 0.0 if reached else 1.0
 
 
 def connect(evaluator, http) -> float:
@@ -133,16 +157,13 @@ def try_kernel_calls() -> dict[str, str]:
 
 
 def orphan(evaluator, http) -> float:
-    """Leave a process behind that detaches (its own session), and tell the host its pid (as the
-    host sees it: /proc is the host's)."""
-    read, write = os.pipe()
+    """Leave a process behind that detaches (its own session): `sleep <marker>`, which the host
+    looks for by its command line (the checker's /proc is its own, its pids not the host's)."""
     if os.fork() == 0:
         os.setsid()
-        os.write(write, os.readlink("/proc/self").encode())
-        time.sleep(3600)
-        os._exit(0)
-    pid = os.read(read, 32)
-    http("POST", "/file", "text/plain", pid)
+        os.execv("/bin/sleep", ["sleep", evaluator["marker"]])
+    time.sleep(0.5)  # it has started
+    http("POST", "/file", "text/plain", evaluator["marker"].encode())
     return 1.0
 
 
@@ -278,7 +299,8 @@ def browser_closed(evaluator, http) -> float:
 PROBES = {
     f.__name__: f
     for f in (
-        *(write_marker, connect, facts, kernel_calls, orphan, other_route, many_requests),
+        *(write_marker, host_files, connect, facts, kernel_calls, orphan, other_route),
+        many_requests,
         forge,
         hang,
         *(exit_early, allocate, raw_frame, raw_bytes, answer, browser_echo, browser_closed),

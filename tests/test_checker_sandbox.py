@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import ordinary_user
 import pytest
 
 from envab.envs.protocol import Gate, checked
@@ -238,20 +241,100 @@ def test_two_checkers_side_by_side_hold_two_ids():
         shutil.rmtree(folder)
 
 
-@pytest.mark.skipif(not ROOT, reason="a host that is not root keeps its uid in the checker")
-def test_a_checker_cannot_write_into_a_folder_root_owns():
-    folder = tempfile.mkdtemp(prefix="envab-root-owned-")
+def test_a_checker_cannot_write_into_a_folder_of_the_hosts():
+    """A folder of the host's in /tmp (not in the checker's root at all) and the checkout's
+    tests folder (shown read-only, as the interpreter's code is): the checker writes into
+    neither, whatever its uid."""
+    folder = tempfile.mkdtemp(prefix="envab-host-owned-")
     try:
         os.chmod(folder, 0o755)
-        assert _probe("write_marker", folder=folder) == 1.0
+        for where in (folder, str(Path(PROBES).parent)):
+            assert _probe("write_marker", folder=where) == 1.0, where
         assert os.listdir(folder) == []
-        # the same code in the host's process writes it: the uid is what stops it
+        assert not Path(PROBES).with_name("marker").exists()
+        # the same code in the host's process writes it
         assert _module().write_marker({"folder": folder}, None) == 0.0
         assert os.listdir(folder) == ["marker"]
     finally:
         for name in os.listdir(folder):
             os.unlink(os.path.join(folder, name))
         os.rmdir(folder)
+
+
+def host_secrets(root: Path) -> tuple[list[str], list[str], socket.socket]:
+    """Files a compromised checker would want, as a run lays them out: the checkout's results
+    and receipts, a key in the host's home, another checker's folder and a VM's monitor socket
+    in /tmp; and a listener on that socket. Each open to every uid (a host that is not root
+    shares its uid with the checker anyway), so that only the checker's root can hide them."""
+    root.chmod(0o755)
+    paths = []
+    for name in ("results/exp/drums/seed1/run.json", "receipts/exp/code.json"):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+        paths.append(str(path))
+    home_key = Path.home() / f".envab-test-key-{os.getpid()}"
+    home_key.write_text("not a real key")
+    other = Path(tempfile.mkdtemp(prefix="envab-checker-other-")) / "job.json"
+    other.write_text("{}")
+    other.parent.chmod(0o755)
+    paths += [str(home_key), str(other)]
+    sock = str(Path(tempfile.mkdtemp(prefix="envab-vm-")) / "qmp.sock")
+    Path(sock).parent.chmod(0o755)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(sock)
+    os.chmod(sock, 0o777)
+    listener.listen()
+    return paths, [sock], listener
+
+
+def test_a_checker_sees_none_of_the_hosts_files_results_keys_or_sockets():
+    """The checker's root (confine.private_root) shows the system's folders, the interpreter's
+    and its own home: the checkout's results and receipts, the host's home, other checkers'
+    folders and the VMs' sockets are not there, though the host's own process reaches each
+    (the control). The checkout lies under the repository here, as a run's does."""
+    repo = Path(PROBES).parent.parent
+    root = Path(
+        tempfile.mkdtemp(prefix="checkout-", dir=repo if os.access(repo, os.W_OK) else None)
+    )
+    paths, sockets, listener = host_secrets(root)
+    try:
+        env = Environment({})
+        assert _probe("host_files", env, paths=paths, sockets=sockets) == 1.0
+        assert json.loads(env.requests[0][2]) == []
+        control = Environment({})
+        assert _module().host_files({"paths": paths, "sockets": sockets}, control.http) == 0.0
+        assert json.loads(control.requests[0][2]) == paths + sockets
+    finally:
+        listener.close()
+        for path in (*paths, *sockets):
+            Path(path).unlink(missing_ok=True)
+        for folder in (root, Path(paths[-1]).parent, Path(sockets[0]).parent):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(
+    ordinary_user.why_not_here() is not None, reason=str(ordinary_user.why_not_here())
+)
+def test_an_ordinary_users_checker_is_confined_as_roots_is():
+    """The confinement tests again as an ordinary user (tests/ordinary_user.py), whose checker
+    keeps the user's uid: a user namespace makes its network, process and mount namespaces, and
+    its root of its own is what hides the user's checkout, home, other checkers' folders and
+    sockets from it."""
+    home = ordinary_user.own(Path(tempfile.mkdtemp(prefix="envab-user-")))
+    chosen = "sees_none or write_into or outlives or routes or listener or kernel or hangs"
+    try:
+        done = ordinary_user.run(
+            [sys.executable, "-m", "pytest", __file__, "-n", "0", "-p", "no:cacheprovider",
+             "-k", chosen, "--basetemp", str(home / "pytest"), "-q"],
+            home=home, cwd=Path(__file__).parent.parent, timeout=600,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    ran = re.search(r"(\d+) passed", out)
+    assert ran and int(ran.group(1)) >= 7 and "skipped" not in out, out[-2000:]
 
 
 def test_a_checker_cannot_reach_a_listener_on_the_host():
@@ -267,19 +350,31 @@ def test_a_checker_cannot_reach_a_listener_on_the_host():
         assert _module().connect({"hosts": hosts, "port": port}, None) == 0.0  # the control
 
 
+def _running(marker: str) -> list[int]:
+    """The host's processes whose command line holds `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
 def test_nothing_a_checker_starts_outlives_it():
+    marker = f"3600.{os.getpid()}{time.monotonic_ns() % 10**6}"
     env = Environment({})
-    assert _probe("orphan", env) == 1.0
-    ((_, _, pid),) = env.requests
-    pid = int(pid)
+    assert _probe("orphan", env, marker=marker) == 1.0
+    assert env.requests[0][2] == marker.encode()  # it was started
     for _ in range(50):  # the namespace's end is the kernel's, an instant after the checker's
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _running(marker):
             return
         time.sleep(0.1)
-    os.kill(pid, 9)
-    pytest.fail(f"process {pid}, started by the checker, outlived it")
+    for pid in _running(marker):
+        os.kill(pid, 9)
+    pytest.fail(f"sleep {marker}, started by the checker, outlived it")
 
 
 def test_a_checker_gets_only_the_routes_the_getters_read():

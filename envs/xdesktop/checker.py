@@ -14,12 +14,15 @@ text (`envs/tasks/evaluators.py`), and this is the line behind it. The host (`ru
   getters read (`routes`; anything else is answered 403). The environment still serves the
   files; the checker reaches nothing else. A task whose getters ask the browser gets one more
   way out: its debugging port, as byte streams in turns (`envab.envs.xdesktop.debugging`),
-  which the host carries to the environment's browser and nowhere else.
+  which the host carries to the environment's browser and nowhere else. And a root of its own
+  (`confine.private_root`, a mount namespace, and a user namespace where the host is not root):
+  the system's folders and the interpreter's read-only, its own home, and nothing else of the
+  host's (its home, its /tmp with other checkers' folders and the VMs' sockets, the checkout's
+  results, receipts and keys), so a checker that shares the host's uid still reaches none of it.
 - having imported the metrics and getters the task names (`preload`, from desktop-env's own
-  modules by name only), with the interpreter's folders reachable after the uid change (as root,
-  in a mount namespace of its own: `confine._reachable`, for an interpreter under /root): resource
-  limits, an unprivileged uid and gid *of its own* (as root: one of `confine.CHECKER_IDS`, held
-  by this evaluation alone while it runs, `checker_ids`; a host that is not root keeps its uid),
+  modules by name only): resource limits, an unprivileged uid and gid *of its own* (as root:
+  one of `confine.CHECKER_IDS`, held by this evaluation alone while it runs, `checker_ids`; a
+  host that is not root keeps its uid),
   no capabilities, a seccomp filter refusing the kernel's facilities no metric needs
   (`confine.filter_calls`: tracing, mounts, new namespaces, BPF, keyrings, io_uring, and the
   like), an environment holding only HOME and TMPDIR, both its private folder (mode
@@ -390,7 +393,10 @@ def main(argv=None) -> int:
     os.dup2(2, 1)
     try:
         confine.no_new_privileges()
-        confine.isolate()
+        entry_folder = (
+            [os.path.dirname(os.path.abspath(args.entry))] if args.entry.endswith(".py") else []
+        )
+        confine.isolate(args.home, keep=entry_folder)
         job_bytes = Path(args.home, JOB).read_bytes()
         job = json.loads(job_bytes)
         evaluator = job["evaluator"]

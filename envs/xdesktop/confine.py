@@ -36,6 +36,7 @@ import stat
 import struct
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -135,18 +136,33 @@ def no_new_privileges() -> None:
     _prctl(PR_SET_DUMPABLE, 0, "prctl(PR_SET_DUMPABLE)")
 
 
-def isolate() -> None:
-    """Fresh network, process and (as root) mount namespaces: loopback only (a relay inside the
-    process listens there); nothing the checker starts outlives it; the interpreter's own folders
-    reachable after the uid change (`_reachable`). The process forks into the new process
-    namespace: the parent only waits and exits as its child did; the child, the namespace's first
-    process (whose end takes every process it started with it, however they detach), returns."""
+def isolate(home: str, keep: Iterable[str] = ()) -> None:
+    """Fresh network, process and mount namespaces (and a user namespace where the host is not
+    root): loopback only (a relay inside the process listens there); nothing the checker starts
+    outlives it; a root of its own (`private_root`) holding the system's folders and the
+    interpreter's read-only, its `home` and nothing else of the host's. The process forks into
+    the new process namespace: the parent only waits and exits as its child did; the child, the
+    namespace's first process (whose end takes every process it started with it, however they
+    detach), returns. `keep`: more folders to show read-only (a test's entry file's)."""
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:  # the other threads would stay in the host's namespaces
         raise ConfinementError(f"unshare: {threads} threads; only a single thread moves")
     root = os.geteuid() == 0
-    flags = CLONE_NEWNET | CLONE_NEWPID | (CLONE_NEWNS if root else CLONE_NEWUSER)
-    _ok(_libc().unshare(flags), "unshare(CLONE_NEWNET | CLONE_NEWPID)")
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | (0 if root else CLONE_NEWUSER)
+    uid, gid = os.getuid(), os.getgid()
+    _ok(_libc().unshare(flags), "unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS)")
+    if not root:  # its own ids map to themselves: files it makes in its root have an owner
+        # /proc/self of a process that is not dumpable is root's: dumpable only for the maps
+        _prctl(PR_SET_DUMPABLE, 1, "prctl(PR_SET_DUMPABLE)")
+        try:
+            for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                               ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(line)
+        except OSError as e:
+            raise ConfinementError(f"user namespace map: {e.strerror}") from None
+        finally:
+            _prctl(PR_SET_DUMPABLE, 0, "prctl(PR_SET_DUMPABLE)")
     pid = os.fork()
     if pid:
         _, status = os.waitpid(pid, 0)
@@ -161,55 +177,120 @@ def isolate() -> None:
             fcntl.ioctl(s, SIOCSIFFLAGS, _IFREQ.pack(name, flags | IFF_UP))
     except OSError as e:
         raise ConfinementError(f"loopback up: {e.strerror}") from None
-    if root:
-        _reachable(_interpreter_folders())
+    private_root(home, _interpreter_folders() | {os.path.realpath(k) for k in keep})
 
 
 def _interpreter_folders() -> set[str]:
-    """The folders the interpreter imports from: its path, and every loaded module's folder (an
-    editable install's mapping included)."""
+    """The folders the interpreter imports from: its prefixes and path, every loaded module's
+    folder, and an editable install's package folders (its finder's mapping), so that a module
+    imported later (a metric's) is found."""
     folders = {p for p in sys.path if p}
     folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
     for module in list(sys.modules.values()):
         where = getattr(module, "__file__", None)
         if isinstance(where, str):
             folders.add(os.path.dirname(where))
+        if module.__name__.startswith("__editable__") and hasattr(module, "MAPPING"):
+            folders |= set(module.MAPPING.values())
     return {os.path.realpath(f) for f in folders if os.path.isdir(f)}
 
 
-def _reachable(folders: set[str]) -> None:
-    """Make each of `folders` reachable by any uid in this mount namespace, so a lazy import
-    (a codec, a submodule) still works after the uid change. An interpreter installed under a
-    folder others cannot enter (/root, mode 0700) is the case: that folder is covered, here only,
-    by an empty tmpfs others may enter, with the needed entries bound back read-only, so the rest
-    of it stays out of sight. A folder still unreachable after that is a ConfinementError."""
+#: What a checker's root shows of the host's, read-only: the system's programs, libraries and
+#: settings (the document metrics run converters). Nothing else of the host's: not its home,
+#: its /tmp (other checkers' homes, the VMs' monitor sockets), the checkout's results and
+#: receipts, /run or /var.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+MNT_DETACH = 2
+# statvfs's flags of a mount, which a read-only remount in a user namespace must keep
+MS_NOEXEC, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 8, 1024, 2048, 1 << 21
+_KEPT_FLAGS = (
+    (os.ST_NOSUID, MS_NOSUID),
+    (os.ST_NODEV, MS_NODEV),
+    (os.ST_NOEXEC, MS_NOEXEC),
+    (os.ST_NOATIME, MS_NOATIME),
+    (os.ST_NODIRATIME, MS_NODIRATIME),
+    (os.ST_RELATIME, MS_RELATIME),
+)
+
+
+def private_root(home: str, keep: set[str]) -> None:
+    """Make the checker's root a tmpfs of its own holding `SYSTEM` and `keep` read-only, `home`
+    read-write, a fresh /proc of its process namespace, a /dev of the harmless devices and empty
+    /tmp and /dev/shm, then pivot into it with the host's root detached: whatever code a task
+    file's parser bug gives an attacker, it finds no file of the host's it was not shown (a host
+    that is not root shares its uid with the checker, so hiding is what stands between them).
+    Each folder keeps its path, so nothing the interpreter imports moves. Needs the mount
+    namespace `isolate` made; ConfinementError where the kernel refuses a step."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing here reaches the host's mounts
-    blocked: dict[str, set[str]] = {}  # the outermost folder others cannot enter -> its entries
-    for folder in sorted(folders):
-        parts = folder.strip("/").split("/")
-        for i in range(len(parts)):  # every folder above it, down to its parent
-            above = "/" + "/".join(parts[:i])
-            if not os.stat(above).st_mode & stat.S_IXOTH:
-                blocked.setdefault(above, set()).add(parts[i])
-                break
-    for above, entries in sorted(blocked.items()):
-        fds = {e: os.open(os.path.join(above, e), os.O_PATH) for e in entries}
-        try:
-            _mount("tmpfs", above, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-            for entry, fd in fds.items():
-                target = os.path.join(above, entry)
-                os.mkdir(target, 0o755)
-                _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-                _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-    for folder in sorted(folders):
+    new = os.path.join(home, ".root")
+    os.mkdir(new, 0o755)
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    # first the empty folders, so that what is shown below them (a checkout under /tmp) stays
+    for folder in ("/tmp", "/dev/shm"):
+        os.makedirs(new + folder, 0o755, exist_ok=True)
+        _mount("tmpfs", new + folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+    shown = [p for p in SYSTEM if os.path.lexists(p)]
+    shown += [k for k in sorted(keep) if not any(_within(k, s) for s in SYSTEM) and _within(k, "/")]
+    shown = [p for p in shown if not any(p != q and _within(p, q) for q in shown)]
+    for path in shown:
+        target = new + path
+        if os.path.islink(path):  # a merged /usr's /bin -> usr/bin
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            os.symlink(os.readlink(path), target)
+            continue
+        os.makedirs(target, 0o755, exist_ok=True)
+        _mount(path, target, None, MS_BIND | MS_REC)
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _locked(path))
+    os.makedirs(new + home, 0o755, exist_ok=True)
+    _mount(home, new + home, None, MS_BIND)
+    for device in DEVICES:
+        open(f"{new}/dev/{device}", "w").close()
+        _mount(f"/dev/{device}", f"{new}/dev/{device}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
+        os.symlink(target, f"{new}/dev/{name}")
+    os.mkdir(new + "/proc", 0o555)
+    _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _pivot(new)
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(home)
+    for folder in sorted(keep):
         walk = "/"
-        for part in folder.strip("/").split("/"):  # the folder itself too, this time
+        for part in folder.strip("/").split("/"):  # after the uid change too
             walk = os.path.join(walk, part)
             if not os.stat(walk).st_mode & stat.S_IXOTH:
                 raise ConfinementError(f"{walk} stays closed to the checker's uid")
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _locked(path: str) -> int:
+    """The mount flags of `path`'s mount that a remount must keep (a user namespace may not
+    clear them)."""
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in _KEPT_FLAGS if flags & st)
+
+
+def _pivot(new: str) -> None:
+    """pivot_root into `new`, the old root detached: the host's tree is gone from this mount
+    namespace, not only out of sight."""
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise ConfinementError(f"pivot_root: no system call number for {os.uname().machine}")
+    os.chdir(new)
+    os.mkdir(".old", 0o700)
+    syscall = _libc().syscall
+    syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
+    _ok(syscall(number, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    umount = _libc().umount2
+    umount.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    _ok(umount(b"/.old", MNT_DETACH), "umount /.old")
+    os.rmdir("/.old")
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data=None) -> None:
