@@ -225,6 +225,26 @@ def test_setup_refuses_bad_config_naming_the_step():
     assert screen_of(config()) == (128, 128)
 
 
+@pytest.mark.parametrize(
+    ("width", "height"), [(2000, 128), (32, 128), (True, 128), ("128", 128), (None, 128)]
+)
+def test_one_screen_rule_for_both_desktops_with_each_ones_bounds(width, height):
+    """The Pillow desktop's screen and the X desktop's are one rule (envs/desktop: screen_of)
+    with each desktop's bounds and default: whole pixels within bounds, a missing step refused
+    here and the X desktop's default there."""
+    from envab.envs.xdesktop.evaluate import DEFAULT_SCREEN
+    from envab.envs.xdesktop.evaluate import screen_of as xdesktop_screen_of
+
+    step = [{"type": "screen", "parameters": {"width": width, "height": height}}]
+    with pytest.raises(ValueError, match="is not whole pixels within 64x64 to 1024x1024"):
+        screen_of(step)
+    with pytest.raises(ValueError, match="no 'screen' step"):
+        screen_of([])
+    assert xdesktop_screen_of([]) == DEFAULT_SCREEN
+    wide = [{"type": "screen", "parameters": {"width": 2000, "height": 1000}}]
+    assert xdesktop_screen_of(wide) == (2000, 1000)  # the X desktop's bounds are wider
+
+
 def test_screens_are_never_blank_but_a_blanked_one_is_detected():
     assert not is_blank(Desktop().screenshot())  # the prepared desktop shows a mark
     shot = desktop(dialog=True).screenshot()

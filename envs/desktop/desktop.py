@@ -25,13 +25,32 @@ MIN_SIDE, MAX_SIDE = 64, 1024
 DEFAULT_VALUES = {"button": 0, "checkbox": False, "field": "", "list": None}
 
 
-def screen_of(config: list[dict]) -> tuple[int, int]:
-    """The (width, height) a task's set-up asks for, so a host builds the matching Desktop."""
+def screen_of(
+    config: list,
+    default: tuple[int, int] | None = None,
+    smallest: tuple[int, int] = (MIN_SIDE, MIN_SIDE),
+    largest: tuple[int, int] = (MAX_SIDE, MAX_SIDE),
+) -> tuple[int, int]:
+    """The (width, height) a task's set-up asks for (its `screen` step), so a host builds the
+    matching desktop: whole pixels within `smallest` to `largest` (this desktop's by default), or
+    ValueError. A set-up with no screen step gets `default` (the X desktop's, whose OSWorld tasks
+    name none); with no default, it is refused (every task of this desktop names its screen)."""
     for step in config:
         if isinstance(step, dict) and step.get("type") == "screen":
-            p = step.get("parameters", {})
-            return p["width"], p["height"]
-    raise ValueError("task config has no 'screen' step naming its width and height")
+            p = step.get("parameters")
+            p = p if isinstance(p, dict) else {}
+            size = p.get("width"), p.get("height")
+            if not all(type(side) is int for side in size) or not (
+                smallest[0] <= size[0] <= largest[0] and smallest[1] <= size[1] <= largest[1]
+            ):
+                raise ValueError(
+                    f"screen {size[0]!r}x{size[1]!r} is not whole pixels within "
+                    f"{smallest[0]}x{smallest[1]} to {largest[0]}x{largest[1]}"
+                )
+            return size
+    if default is None:
+        raise ValueError("task config has no 'screen' step naming its width and height")
+    return default
 
 
 class Desktop:

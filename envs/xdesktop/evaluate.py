@@ -39,6 +39,7 @@ from functools import cache
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from envab.envs.desktop import screen_of as desktop_screen_of
 from envab.envs.tasks.evaluators import INFEASIBLE, registry
 from envab.envs.tasks.staging import CLOUD_FILE_ROUTE
 from envab.envs.xdesktop import apps, checker, cloud_files, debugging
@@ -122,22 +123,10 @@ class Unavailable(RuntimeError):
 
 
 def screen_of(config: list) -> tuple[int, int]:
-    """The X desktop's screen: a task's `screen` step, or DEFAULT_SCREEN (OSWorld's tasks name
-    none; their machine has a fixed one)."""
-    for step in config:
-        if step.get("type") == "screen":
-            p = step.get("parameters") or {}
-            size = p.get("width"), p.get("height")
-            if not all(type(side) is int for side in size) or not (
-                MIN_SCREEN[0] <= size[0] <= MAX_SCREEN[0]
-                and MIN_SCREEN[1] <= size[1] <= MAX_SCREEN[1]
-            ):
-                raise ValueError(
-                    f"screen {size[0]!r}x{size[1]!r} is not whole pixels within "
-                    f"{MIN_SCREEN[0]}x{MIN_SCREEN[1]} to {MAX_SCREEN[0]}x{MAX_SCREEN[1]}"
-                )
-            return size
-    return DEFAULT_SCREEN
+    """The X desktop's screen: a task's `screen` step within MIN_SCREEN to MAX_SCREEN, or
+    DEFAULT_SCREEN (OSWorld's tasks name none; their machine has a fixed one). One rule for both
+    desktops (envs/desktop: screen_of), with this desktop's bounds and default."""
+    return desktop_screen_of(config, DEFAULT_SCREEN, MIN_SCREEN, MAX_SCREEN)
 
 
 @cache
