@@ -119,3 +119,20 @@ def run(argv: list[str], home: Path, cwd: Path, timeout: float, env=None, reads=
         text=True,
         timeout=timeout,
     )
+
+
+def pytest_as_user(test_file: str, keyword: str, timeout: float = 600):
+    """`pytest test_file -k keyword` as the ordinary user, in a home of their own (removed
+    after), from the checkout: the tests that show a confinement holds for a user, not only for
+    root."""
+    import tempfile
+
+    home = own(Path(tempfile.mkdtemp(prefix="envab-user-")))
+    try:
+        return run(
+            [sys.executable, "-m", "pytest", test_file, "-n", "0", "-p", "no:cacheprovider",
+             "-k", keyword, "--basetemp", str(home / "pytest"), "-q"],
+            home=home, cwd=REPO, timeout=timeout,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

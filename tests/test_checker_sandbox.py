@@ -321,16 +321,8 @@ def test_an_ordinary_users_checker_is_confined_as_roots_is():
     keeps the user's uid: a user namespace makes its network, process and mount namespaces, and
     its root of its own is what hides the user's checkout, home, other checkers' folders and
     sockets from it."""
-    home = ordinary_user.own(Path(tempfile.mkdtemp(prefix="envab-user-")))
     chosen = "sees_none or write_into or outlives or routes or listener or kernel or hangs"
-    try:
-        done = ordinary_user.run(
-            [sys.executable, "-m", "pytest", __file__, "-n", "0", "-p", "no:cacheprovider",
-             "-k", chosen, "--basetemp", str(home / "pytest"), "-q"],
-            home=home, cwd=Path(__file__).parent.parent, timeout=600,
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    done = ordinary_user.pytest_as_user(__file__, chosen)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     ran = re.search(r"(\d+) passed", out)

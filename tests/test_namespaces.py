@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -238,15 +236,7 @@ def test_the_host_sees_each_environment_confined_and_kills_a_wedged_one_by_its_h
 def test_an_ordinary_user_gets_the_same_sandbox_without_root(tmp_path):
     """The tests above again, as an ordinary user: bwrap makes a user namespace whose one id,
     nobody, is the user's own, and everything else holds as it does for root."""
-    home = ordinary_user.own(Path(tempfile.mkdtemp(prefix="envab-user-")))
-    try:
-        done = ordinary_user.run(
-            [sys.executable, "-m", "pytest", __file__, "-n", "0", "-p", "no:cacheprovider",
-             "-k", "not ordinary_user", "--basetemp", str(home / "pytest"), "-q"],
-            home=home, cwd=Path(__file__).parent.parent, timeout=600,
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    done = ordinary_user.pytest_as_user(__file__, "not ordinary_user")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     ran = re.search(r"(\d+) passed, 1 deselected in", out)  # all but this one, none skipped
