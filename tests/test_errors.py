@@ -19,6 +19,8 @@ STAGES = ("envab", "envs", "trainer", "eval", "analysis")
 RUNTIME = {
     "ActionRejected": "the desktop refused one action mid-episode; nothing changed",
     "AgentError": "the guest's desktop agent answered a call with an error",
+    "AnswerTooLarge": "the environment answered a browser turn past its chunk: the checker's "
+    "evaluation is invalid (CheckerFailed 'oversize')",
     "AgentTimeout": "the guest's desktop agent did not answer in time",
     "BadRequest": "one HTTP request to the host is wrong: answered 400, the host runs on",
     "BuildError": "a guest build step failed while building",

@@ -297,7 +297,7 @@ def test_bad_requests_get_one_clear_line(fork_api, restore_api, taskset):
     tiny = json.loads(json.dumps(next(iter(taskset[0].values()))))
     tiny["config"][0]["parameters"] = {"width": 8, "height": 8}
     r = fork_api.post("/v1/envs", json={"task": tiny})
-    assert r.status_code == 400 and "desktop width" in r.json()["error"]
+    assert r.status_code == 400 and "screen 8x8 is not whole pixels" in r.json()["error"]
     assert create(fork_api, next(iter(taskset[0].values())))["valid"]  # the host lives on
     # Fault switches are refused by a host started without --allow-faults.
     r = restore_api.post(

@@ -224,6 +224,7 @@ def private_root(home: str, keep: set[str]) -> None:
     Each folder keeps its path, so nothing the interpreter imports moves. Needs the mount
     namespace `isolate` made; ConfinementError where the kernel refuses a step."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing here reaches the host's mounts
+    os.umask(0o022)  # the folders made on the way are for every uid to pass, whatever the host's
     new = os.path.join(home, ".root")
     os.mkdir(new, 0o755)
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
