@@ -1,6 +1,6 @@
 """The wandb panel a user builds to compare the arms, drawn from the offline runs themselves.
 
-    .venv/bin/python bench/wandb_panel.py --experiment embedded-default-v14 --out panel.png \
+    .venv/bin/python bench/wandb_panel.py --experiment embedded-default-v15 --out panel.png \
         [--directory .]
 
 Reads every offline run under results/<exp>/wandb with wandb's own reader (`wandb leet inspect
