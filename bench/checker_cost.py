@@ -113,10 +113,9 @@ def run_side(python: Path, rounds: int) -> list[dict]:
 
 
 def summary(times: list[float]) -> dict:
-    ordered = sorted(times)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "median_s": statistics.median(ordered), "p10_s": pick(0.1),
-            "p90_s": pick(0.9)}  # fmt: skip
+    deciles = statistics.quantiles(times, n=10)
+    return {"n": len(times), "median_s": statistics.median(times), "p10_s": deciles[0],
+            "p90_s": deciles[-1]}  # fmt: skip
 
 
 def main(argv=None) -> int:

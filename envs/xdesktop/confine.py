@@ -233,7 +233,7 @@ def private_root(home: str, keep: set[str]) -> None:
         os.makedirs(new + folder, 0o755, exist_ok=True)
         _mount("tmpfs", new + folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
     shown = [p for p in SYSTEM if os.path.lexists(p)]
-    shown += [k for k in sorted(keep) if not any(_within(k, s) for s in SYSTEM) and _within(k, "/")]
+    shown += [k for k in sorted(keep) if not any(_within(k, s) for s in SYSTEM)]
     shown = [p for p in shown if not any(p != q and _within(p, q) for q in shown)]
     for path in shown:
         target = new + path
