@@ -9,6 +9,11 @@ on the fork host's gVisor sandboxes, the QEMU arm's VMs (the same files), or bot
 `--image full` plays on the full image (built on request, about 400 MB of packages) its own tasks,
 `--tasks envs/xdesktop/tasks_full` (LibreOffice, Chromium, GIMP, VLC, Thunderbird).
 
+`--osworld evaluation_examples` plays OSWorld's own tasks instead: the set frozen as the tasks job
+freezes it (the registered rule `{runnable: true}` on `--image`), each task that has an entry in
+`--solutions` (default `tests/fixtures/osworld-oracles.jsonl`: test data, not part of any task)
+played with that oracle and its near misses, scored by OSWorld's own evaluator in the checker.
+
 With `both`, every play runs on each arm and the two arms' screens are compared pixel for pixel,
 after the set-up and after the last action: identical, or how many pixels differ and where.
 
@@ -37,12 +42,39 @@ from envab.envs.xdesktop.image import ensure_desktop
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "envs" / "xdesktop" / "tasks"
+OSWORLD_ORACLES = REPO / "tests" / "fixtures" / "osworld-oracles.jsonl"
 
 
 def load_tasks(folder: Path) -> tuple[list[dict], dict[str, dict]]:
     tasks = [json.loads(p.read_text()) for p in sorted((folder / "examples").rglob("*.json"))]
     solutions = [json.loads(line) for line in (folder / "solutions.jsonl").read_text().splitlines()]
     return tasks, {s["id"]: s for s in solutions}
+
+
+def load_osworld(root: Path, solutions: Path, image: str) -> tuple[list[dict], dict[str, dict]]:
+    """OSWorld's set under `root` frozen by the registered rule `{runnable: true}` on `image`
+    (no files: a task that downloads one is not runnable here), the tasks `solutions` solves.
+    An oracle for a task the freeze leaves out is an error, with the freeze's reasons."""
+    from envab.envs.osworld import source as osworld
+    from envab.envs.tasks import fetch
+
+    index = root / "test_all.json"
+    frozen = osworld.load_dir(root, index if index.is_file() else None, strict=False)
+    chosen = osworld.select(frozen, {"runnable": True}, "xdesktop", fetch.not_frozen, image)
+    by_id = {t.task["id"]: t.task for t in chosen.tasks}
+    given = [json.loads(line) for line in solutions.read_text().splitlines() if line.strip()]
+    out = {s["id"]: s for s in given}
+    missing = sorted(set(out) - set(by_id))
+    if missing:
+        rows = chosen.report()["per_task"]
+        why = {k.rsplit("/", 1)[-1]: r["reasons"]["xdesktop"] for k, r in rows.items()}
+        raise SystemExit(
+            "oracles for tasks the freeze leaves out on the "
+            + image
+            + " image: "
+            + "; ".join(f"{m} {why.get(m, ['not in the set'])}" for m in missing)
+        )
+    return [by_id[i] for i in out], out
 
 
 def plays(solution: dict) -> list[tuple[str, list[dict], float]]:
@@ -156,6 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sandbox", choices=("gvisor", "qemu", "both"), default="gvisor")
     p.add_argument("--tasks", type=Path, default=TASKS)
+    p.add_argument(
+        "--osworld",
+        type=Path,
+        metavar="DIR",
+        help="OSWorld's evaluation_examples: play its tasks that --solutions solves",
+    )
+    p.add_argument(
+        "--solutions",
+        type=Path,
+        default=OSWORLD_ORACLES,
+        help="with --osworld: one JSON line per task (id, oracle, near_misses)",
+    )
     p.add_argument("--task", nargs="+", metavar="ID", help="only these tasks (default: all)")
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
     p.add_argument("--screens", type=Path)
@@ -170,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     built = ensure_desktop(args.cache, log=lambda m: print(m, file=sys.stderr, flush=True),
                            image=args.image)  # fmt: skip
-    tasks, solutions = load_tasks(args.tasks)
+    if args.osworld:
+        tasks, solutions = load_osworld(args.osworld, args.solutions, args.image)
+    else:
+        tasks, solutions = load_tasks(args.tasks)
     if args.task:
         unknown = set(args.task) - {t["id"] for t in tasks}
         if unknown:

@@ -262,3 +262,29 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
+
+
+# OSWorld's own evaluation_examples: a folder named by ENVAB_OSWORLD_EXAMPLES, or else the
+# tarball every machine that runs CI keeps beside the checkout (../shared/osworld/).
+SHARED_EXAMPLES = sorted(
+    (Path(__file__).resolve().parents[2] / "shared" / "osworld").glob("osworld-examples-*.tgz")
+)
+
+
+@pytest.fixture(scope="session")
+def osworld_examples(tmp_path_factory) -> Path:
+    named = os.environ.get("ENVAB_OSWORLD_EXAMPLES")
+    if named:
+        return Path(named)
+    if not SHARED_EXAMPLES:
+        pytest.skip(
+            "ENVAB_OSWORLD_EXAMPLES does not name an OSWorld evaluation_examples folder (with "
+            "test_all.json) and ../shared/osworld/ holds no osworld-examples-*.tgz, so OSWorld's "
+            "own task set is not tried here"
+        )
+    import tarfile
+
+    into = tmp_path_factory.mktemp("osworld")
+    with tarfile.open(SHARED_EXAMPLES[-1]) as archive:
+        archive.extractall(into, filter="data")  # plain files and folders only, inside `into`
+    return into / "evaluation_examples"

@@ -8,7 +8,6 @@ names that folder."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,32 +210,6 @@ def test_a_task_id_that_is_not_a_plain_name_is_refused_with_its_line(tmp_path):
     path.write_text(json.dumps({k: v for k, v in task("ok").items() if k != "config"}) + "\n")
     with pytest.raises(TaskSourceError, match=r"^tasks.jsonl:1: task ok: .* must name its set-up"):
         load_jsonl(path)  # kept line for line: a line says its set-up itself
-
-
-# OSWorld's own evaluation_examples: a folder named by ENVAB_OSWORLD_EXAMPLES, or else the
-# tarball every machine that runs CI keeps beside the checkout (../shared/osworld/).
-SHARED_EXAMPLES = sorted(
-    (Path(__file__).resolve().parents[2] / "shared" / "osworld").glob("osworld-examples-*.tgz")
-)
-
-
-@pytest.fixture(scope="module")
-def osworld_examples(tmp_path_factory) -> Path:
-    named = os.environ.get("ENVAB_OSWORLD_EXAMPLES")
-    if named:
-        return Path(named)
-    if not SHARED_EXAMPLES:
-        pytest.skip(
-            "ENVAB_OSWORLD_EXAMPLES does not name an OSWorld evaluation_examples folder (with "
-            "test_all.json) and ../shared/osworld/ holds no osworld-examples-*.tgz, so OSWorld's "
-            "own task set is not tried here"
-        )
-    import tarfile
-
-    into = tmp_path_factory.mktemp("osworld")
-    with tarfile.open(SHARED_EXAMPLES[-1]) as archive:
-        archive.extractall(into, filter="data")  # plain files and folders only, inside `into`
-    return into / "evaluation_examples"
 
 
 def test_every_official_task_loads_and_the_report_names_why_each_other_one_is_out(

@@ -236,6 +236,20 @@ OPENBOX = """#!/bin/sh
 xsetroot -mod 16 16 -fg '#3c6e9b' -bg '#2f5a80' 2>/dev/null
 exec /usr/bin/openbox "$@"
 """
+# OSWorld's machine has run VLC before: its settings file exists, the first start's privacy
+# question answered. Here a sandbox's home starts empty, so VLC's first start in every task shows
+# that question over its window, and never writes the file: a task scored on VLC's settings
+# (`vlc_config`) could not read one after a no-op. The launcher earlier on PATH writes the
+# answer VLC itself writes (`qt-privacy-ask=0`; no metadata from the network, there is none)
+# where no settings file exists yet, then starts VLC.
+VLC = """#!/bin/sh
+rc="$HOME/.config/vlc/vlcrc"
+if [ ! -e "$rc" ]; then
+  mkdir -p "${rc%/*}" &&
+    printf '%s\\n' '[qt]' 'qt-privacy-ask=0' '' '[core]' 'metadata-network-access=0' > "$rc"
+fi
+exec /usr/bin/vlc "$@"
+"""
 POLICY_RC = "#!/bin/sh\nexit 101\n"  # no service starts while apt installs into the chroot
 
 
@@ -270,6 +284,7 @@ def full_inputs(base_digest: str) -> dict:
         "mimeapps": FULL_MIMEAPPS,
         "libreoffice": LIBREOFFICE_DEFAULTS,
         "vlc_as_root": True,
+        "vlc_launcher": VLC,
         "home_link": list(HOME_LINK),
         "openbox": OPENBOX,
     }
@@ -330,6 +345,9 @@ def build_full(cache: Path, base: Path, rootfs: Path) -> dict:
     # Debian reads LibreOffice's configuration from /etc/libreoffice/registry, beside main.xcd
     (rootfs / "etc/libreoffice/registry/envab.xcd").write_text(LIBREOFFICE_DEFAULTS)
     vlc = _vlc_as_root(rootfs / "usr/bin/vlc")
+    launcher = rootfs / "usr/local/bin/vlc"  # before /usr/bin on the server's PATH
+    launcher.write_text(VLC)
+    launcher.chmod(0o755)
     for cache_dir in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc",
                       "usr/share/man"):  # fmt: skip
         shutil.rmtree(rootfs / cache_dir, ignore_errors=True)

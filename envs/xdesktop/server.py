@@ -162,7 +162,7 @@ class Display:
                     "-noreset", "-nocursor"])  # fmt: skip
         wait_for(lambda: Path("/tmp/.X11-unix/X0").exists(), 20, "the X server")
         wait_for(lambda: run(["xdpyinfo"], timeout=5).returncode == 0, 20, "the X server")
-        (HOME / ".Xauthority").touch()  # Xlib (pyautogui) reads it; Xvfb here asks no cookie
+        write_xauthority(HOME / ".Xauthority")
         self.spawn(["openbox"])
         wait_for(lambda: _wm_running(), 20, "the window manager")
         self.bind_terminal_key()
@@ -249,6 +249,25 @@ class Display:
         from PIL import ImageGrab
 
         return ImageGrab.grab(xdisplay=DISPLAY)
+
+
+def write_xauthority(path: Path) -> None:
+    """One entry for this display, as a login session leaves it. Xvfb here is started without
+    `-auth` and asks no cookie, so the cookie is never checked and a fixed one keeps the home's
+    bytes the same in every environment. Not an empty file: python-xlib (pyautogui) prints
+    "Xlib.xauth: warning, no xauthority details available" *to stdout* on reading one, and a
+    getter that prints a path through `python -c "import pyautogui; ..."` (OSWorld's
+    `execute_python_command`: `vlc_config`, the browser's profile) then reads that warning as
+    the first line of its path."""
+
+    def field(b: bytes) -> bytes:
+        return struct.pack(">H", len(b)) + b
+
+    family_local = 256  # X's FamilyLocal: a connection over the display's Unix socket
+    entry = (struct.pack(">H", family_local) + field(socket.gethostname().encode())
+             + field(DISPLAY.lstrip(":").encode()) + field(b"MIT-MAGIC-COOKIE-1")
+             + field(bytes(16)))  # fmt: skip
+    path.write_bytes(entry)
 
 
 def _wm_running() -> bool:
