@@ -148,6 +148,18 @@ def test_a_rule_selects_what_runs_and_the_report_says_why_each_other_task_is_out
     assert copies == sorted(str(p.relative_to(root)) for p in root.glob("examples/*/*.json"))
 
 
+def test_a_sample_named_by_ids_keeps_those_and_an_unknown_id_refuses_the_rule(tmp_path):
+    frozen = load_dir(write_set(tmp_path), strict=False)
+    chosen = select(frozen, {"runnable": True, "ids": ["plain-1"]}, "xdesktop")
+    assert [t.task["id"] for t in chosen.tasks] == ["plain-1"]
+    everything = select(frozen, {"runnable": True}, "xdesktop")
+    assert len(everything.tasks) > 1 and "plain-1" in {t.task["id"] for t in everything.tasks}
+    with pytest.raises(TaskSourceError, match=r"select.ids: \['plain-2'\] not in the task set"):
+        select(frozen, {"runnable": True, "ids": ["plain-2"]}, "xdesktop")
+    with pytest.raises(TaskSourceError, match="select.ids must be a non-empty list of task ids"):
+        check_rule({"ids": ["../x"]})
+
+
 @pytest.mark.parametrize("strict", [False, True], ids=["under a rule", "strict"])
 def test_a_file_without_config_has_no_set_up_and_one_id_with_two_contents_is_two_tasks(
     tmp_path, strict

@@ -103,3 +103,23 @@ def test_the_http_mode_does_not_start_without_a_token(capsys):
     with pytest.raises(SystemExit):
         server.main(["--http", "8000"])
     assert "--http needs --token-file" in capsys.readouterr().err
+
+
+def test_the_homes_xauthority_gives_xlib_an_entry_and_prints_nothing(tmp_path, capsys):
+    """An empty .Xauthority made python-xlib (pyautogui's) print a warning to stdout in every
+    `python -c "import pyautogui; ..."`, which OSWorld's `execute_python_command` getters read
+    as the first line of the path they print (`vlc_config`, a browser profile's file)."""
+    from Xlib import xauth
+
+    from envab.envs.xdesktop.image import WHEELS
+
+    assert "python3-xlib==0.15" in WHEELS  # the version read here is the image's
+    path = tmp_path / ".Xauthority"
+    server.write_xauthority(path)
+    entries = list(xauth.Xauthority(str(path)))
+    assert capsys.readouterr().out == ""
+    family, _, number, name, cookie = entries[0]
+    assert (family, number, name, len(cookie)) == (256, b"0", b"MIT-MAGIC-COOKIE-1", 16)
+    path.write_bytes(b"")  # what the server wrote before: the warning, on stdout
+    xauth.Xauthority(str(path))
+    assert "no xauthority details" in capsys.readouterr().out

@@ -87,3 +87,23 @@ def test_a_warm_start_without_demonstrations_is_refused_before_any_job():
     config["tasks"]["osworld"]["solutions"] = "solutions.jsonl"
     config["training"]["sft"]["enabled"] = True
     check_config(config, prereg)
+
+
+def test_a_renamed_task_finds_its_solution_by_its_frozen_id_before_osworlds(tmp_path):
+    """OSWorld has ids under two domains with other content (a chrome and a thunderbird task):
+    the freeze names them `<domain>.<id>`. A solution under the frozen name is that task's alone;
+    one under OSWorld's id serves a task that has no solution of its own."""
+    tasks = [{"id": "chrome.shared-1", "source_id": "shared-1"},
+             {"id": "thunderbird.shared-1", "source_id": "shared-1"}]  # fmt: skip
+    press = {"action_type": "PRESS", "parameters": {"key": "enter"}}
+    source = tmp_path / "solutions.jsonl"
+    source.write_text(json.dumps({"id": "chrome.shared-1", "oracle": [press]}) + "\n"
+                      + json.dumps({"id": "shared-1", "oracle": []}) + "\n")  # fmt: skip
+    out = tmp_path / "frozen.jsonl"
+    assert freeze_solutions(source, tasks, out) == 2
+    frozen = [json.loads(line) for line in out.read_text().splitlines()]
+    assert frozen == [{"id": "chrome.shared-1", "oracle": [press]},
+                      {"id": "thunderbird.shared-1", "oracle": []}]  # fmt: skip
+    source.write_text(json.dumps({"id": "chrome.shared-1", "oracle": [press]}) + "\n")
+    with pytest.raises(Refusal, match=r"no oracle solution for 1 frozen task\(s\): \['shared-1'\]"):
+        freeze_solutions(source, tasks, out)

@@ -321,14 +321,16 @@ def load_jsonl(path: str | Path, strict: bool = True) -> Frozen:
 
 # --- the registered rule that chooses the frozen subset -----------------------------------------
 
-RULE_KEYS = {"domains", "runnable", "noop", "noop_plays"}
+RULE_KEYS = {"domains", "ids", "runnable", "noop", "noop_plays"}
 NOOP_RULES = ("exclude",)
 
 
 def check_rule(rule: Any) -> dict:
     """A selection rule (config `tasks.osworld.select`): `domains`, a list of the set's domains
-    to keep (absent: all); `runnable`, true to leave out, and report, every task the arms'
-    world cannot set up or score (false or absent: such a task refuses the whole freeze);
+    to keep (absent: all); `ids`, a list of task ids (as frozen) to keep (absent: all): a
+    sample named in advance, as the OSWorld rehearsal's; `runnable`, true to leave out, and
+    report, every task the arms' world cannot set up or score (false or absent: such a task
+    refuses the whole freeze);
     `noop: exclude`, to leave out every task whose untouched desktop already scores 1 (`noop`
     in `select`); `noop_plays`, how many no-op plays per sandbox that rule reads (default 1): a
     task played fewer times is unchecked, one whose plays disagree is nondeterministic."""
@@ -339,6 +341,11 @@ def check_rule(rule: Any) -> dict:
         not isinstance(doms, list) or not doms or not all(plain_name(d) for d in doms)
     ):
         raise TaskSourceError("select.domains must be a non-empty list of domain names")
+    ids = rule.get("ids")
+    if ids is not None and (
+        not isinstance(ids, list) or not ids or not all(plain_name(i) for i in ids)
+    ):
+        raise TaskSourceError("select.ids must be a non-empty list of task ids")
     if not isinstance(rule.get("runnable", False), bool):
         raise TaskSourceError("select.runnable must be true or false")
     if "noop" in rule and rule["noop"] not in NOOP_RULES:
@@ -492,6 +499,9 @@ def select(
         raise TaskSourceError(
             f"select.domains: {absent} not in the task set (it has {sorted(present)})"
         )
+    ids = set(rule.get("ids") or ())
+    if ids and (absent := sorted(ids - {t.task["id"] for t in frozen.tasks})):
+        raise TaskSourceError(f"select.ids: {absent[:5]} not in the task set")
     kept, bad, per_task = [], [], {}
     infeasible = {"total": 0, "runnable": dict.fromkeys(WORLDS, 0), "selected": 0}
     runnable = {w: {} for w in WORLDS}
@@ -501,7 +511,7 @@ def select(
         infeasible_task = is_infeasible(t.task)
         worlds = assess(t, image)
         blocking = worlds[world] if world else list(t.unscorable)
-        wanted = doms is None or domain in doms
+        wanted = (doms is None or domain in doms) and (not ids or t.task["id"] in ids)
         if files is not None and wanted and not blocking and (gaps := files(t)):
             worlds = {w: [*reasons, *gaps] for w, reasons in worlds.items()}
             blocking = [*blocking, *gaps]
@@ -618,7 +628,13 @@ def freeze_solutions(source: Path, tasks: Iterable[Mapping], out: Path) -> int:
             raise Refusal(f"{source}:{n}: a second solution for {line['id']!r}")
         found[line["id"]] = (line, raw.rstrip(b"\r\n") + b"\n")
     tasks = list(tasks)
-    missing = [t.get("source_id", t["id"]) for t in tasks]
+
+    def key(t: Mapping) -> str:
+        # a task the freeze renamed (<domain>.<id>, one id under two domains) is found by its
+        # frozen id, the one unambiguous name, else by OSWorld's id
+        return t["id"] if t["id"] in found else t.get("source_id", t["id"])
+
+    missing = [key(t) for t in tasks]
     missing = [i for i in missing if i not in found]
     if missing:
         raise Refusal(
@@ -627,7 +643,7 @@ def freeze_solutions(source: Path, tasks: Iterable[Mapping], out: Path) -> int:
         )
     lines = []
     for t in tasks:
-        line, raw = found[t.get("source_id", t["id"])]
+        line, raw = found[key(t)]
         # a task the freeze renamed (<domain>.<id>) keeps its solution under its frozen id
         same = line["id"] == t["id"]
         lines.append(raw if same else (json.dumps({**line, "id": t["id"]}) + "\n").encode())
