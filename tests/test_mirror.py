@@ -238,3 +238,31 @@ def test_a_sparse_member_is_refused(tmp_path):
 def _sized(info: tarfile.TarInfo, data: bytes) -> tarfile.TarInfo:
     info.size = len(data)
     return info
+
+
+def test_a_file_its_url_no_longer_serves_is_taken_from_the_datasets_path_for_its_task(
+    tmp_path, hosts, capsys
+):
+    """OSWorld's later commits keep the set's files in a Hugging Face dataset laid out as
+    <domain>/<task id>/<file name>; a URL that fails (a Drive file gone) is looked for there, for
+    the task that names it, and kept under the task's URL, which is what the freeze looks up."""
+    root = task_set(tmp_path, hosts)  # gone-1 (domain vlc) downloads gone.txt to /root/x
+    hosts.files["/cache/vlc/gone-1/x"] = b"the dataset's copy"
+    made = tmp_path / "made"
+    report = tmp_path / "report.json"
+    assert make(root, made, "--dataset", f"{hosts.url}/cache", "--report", str(report)) == 0
+    err = capsys.readouterr().err
+    assert f"{hosts.url}/gone.txt: fetched 18 bytes from {hosts.url}/cache/vlc/gone-1/x" in err
+    entry = json.loads((made / "files.json").read_text())["files"][f"{hosts.url}/gone.txt"]
+    assert entry == {"sha256": sha(b"the dataset's copy"), "size": 18}
+    assert json.loads(report.read_text())["from_dataset"] == {
+        f"{hosts.url}/gone.txt": f"{hosts.url}/cache/vlc/gone-1/x"
+    }
+    assert "/cache/setup-1" not in " ".join(hosts.gets)  # a URL that answers is never looked up
+
+    # where the dataset lacks it too, the URL's own failure is what is named
+    del hosts.files["/cache/vlc/gone-1/x"]
+    again = tmp_path / "again"
+    assert make(root, again, "--dataset", f"{hosts.url}/cache") == 1
+    assert f"not mirrored: {hosts.url}/gone.txt: file:missing: HTTP 404" in capsys.readouterr().err
+    assert mirror.dataset_url("https://h/x/", "os", "a b", "n.txt") == "https://h/x/os/a%20b/n.txt"

@@ -25,14 +25,25 @@ a freeze's files.json) — is named with both digests and the mirror keeps the b
 new one into an empty folder to take the new bytes. Exit 0 when every file is in the mirror, 1
 when some are not (all named), 2 when the task set or a map cannot be read.
 
+`--dataset BASE` names a copy of the files laid out as OSWorld's later commits name them, the
+Hugging Face dataset `xlangai/ubuntu_osworld_file_cache`, `<BASE>/<domain>/<task id>/<file name>`
+(BASE `https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main`, or a
+team's host of that folder). A URL that cannot be fetched (a Google Drive file gone, or behind a
+page) is then fetched from there, for each task that names it, under the file name the task gives
+it (its set-up's path, its getter's `dest`), and kept under the task's own URL, which the freeze
+looks up; `--report` lists which came from the dataset (`from_dataset`), and `--expect` checks
+their bytes as any other's.
+
 `pack`, `unpack` and `verify`: `envs/osworld/mirror_archive.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import posixpath
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +69,7 @@ class Made:
     present: list[str] = field(default_factory=list)
     failed: dict[str, dict] = field(default_factory=dict)
     malformed: dict[str, str] = field(default_factory=dict)  # task id -> why (no URL read)
+    from_dataset: dict[str, str] = field(default_factory=dict)  # url -> the dataset's URL used
 
     def report(self) -> dict:
         return {
@@ -67,14 +79,23 @@ class Made:
             "present": len(self.present),
             "failed": dict(sorted(self.failed.items())),
             "malformed_tasks": dict(sorted(self.malformed.items())),
+            "from_dataset": dict(sorted(self.from_dataset.items())),
         }
 
 
-def wanted_urls(root: Path, index: Path | None) -> tuple[dict[str, list[str]], dict[str, str]]:
+DATASET = "https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main"
+
+
+def wanted_urls(
+    root: Path, index: Path | None
+) -> tuple[dict[str, list[str]], dict[str, str], dict[str, list[tuple[str, str, str]]]]:
     """url -> the ids of the tasks that download it, over every task the set loads (as a rule
-    loads them: unscorable ones too); and task id -> why its downloads could not be read."""
+    loads them: unscorable ones too); task id -> why its downloads could not be read; and url ->
+    (domain, OSWorld's task id, the file's name) for each task that names it, where the
+    dataset's copy would be."""
     frozen = load_dir(root, index, strict=False)
     urls: dict[str, list[str]] = {}
+    named: dict[str, list[tuple[str, str, str]]] = {}
     malformed: dict[str, str] = {}
     for t in frozen.tasks:
         try:
@@ -82,9 +103,33 @@ def wanted_urls(root: Path, index: Path | None) -> tuple[dict[str, list[str]], d
                 ids = urls.setdefault(d.url, [])
                 if t.task["id"] not in ids:
                     ids.append(t.task["id"])
+                where = (t.task.get("domain") or "", t.task.get("source_id", t.task["id"]),
+                         posixpath.basename(d.dest))  # fmt: skip
+                if all(where) and where not in named.setdefault(d.url, []):
+                    named[d.url].append(where)
         except Malformed as e:
             malformed[t.task["id"]] = f"{t.origin}: {e}"
-    return dict(sorted(urls.items())), malformed
+    return dict(sorted(urls.items())), malformed, named
+
+
+def dataset_url(base: str, domain: str, task_id: str, name: str) -> str:
+    """Where the dataset keeps a task's file: <base>/<domain>/<task id>/<file name>."""
+    parts = (domain, task_id, name)
+    return base.rstrip("/") + "/" + "/".join(urllib.parse.quote(x, safe="") for x in parts)
+
+
+def _fetch(url: str, alternates: list[str], store: Path, limits: Limits) -> dict:
+    """The URL's file, else the first of `alternates` that can be fetched (`from` says which);
+    Unfetchable with the URL's own reason when none can."""
+    try:
+        return fetch_url(url, store, limits)
+    except Unfetchable as first:
+        for alternate in alternates:
+            try:
+                return {**fetch_url(alternate, store, limits), "from": alternate}
+            except Unfetchable:
+                continue
+        raise first from None
 
 
 def _holds(store: Path, entry: Mapping) -> bool:
@@ -104,6 +149,7 @@ def make(
     limits: Limits | None = None,
     expect: str | Path | None = None,
     recheck: bool = False,
+    dataset: str | None = None,
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> Made:
     """Fetch the files of the task set at `root` into the mirror folder `out` (see the module's
@@ -112,7 +158,7 @@ def make(
     out = Path(out)
     store = out / STORE
     store.mkdir(parents=True, exist_ok=True)
-    urls, malformed = wanted_urls(Path(root), Path(index) if index else None)
+    urls, malformed, named = wanted_urls(Path(root), Path(index) if index else None)
     had = read_map(out / MAP)["files"] if (out / MAP).exists() else {}
     registered = read_map(expect)["files"] if expect is not None else {}
     # what an earlier make left whole stays, another set's URLs too (one folder may mirror several)
@@ -139,8 +185,9 @@ def make(
                 say(f"{head}: present")
             continue
         started = time.monotonic()
+        alternates = [dataset_url(dataset, *w) for w in named.get(url, [])] if dataset else []
         try:
-            got = fetch_url(url, store, limits)
+            got = _fetch(url, alternates, store, limits)
         except Unfetchable as e:
             made.failed[url] = {"reason": e.reason, "detail": str(e), "tasks": ids}
             say(f"{head}: FAILED {e.reason}: {e}")
@@ -161,10 +208,13 @@ def make(
             }
             say(f"{head}: FAILED file:too_large: {made.failed[url]['detail']}")
             continue
+        if "from" in got:
+            made.from_dataset[url] = got.pop("from")
         files[url] = got
         made.fetched.append(url)
         save()
-        say(f"{head}: fetched {got['size']} bytes in {time.monotonic() - started:.1f} s")
+        said = f" from {made.from_dataset[url]}" if url in made.from_dataset else ""
+        say(f"{head}: fetched {got['size']} bytes{said} in {time.monotonic() - started:.1f} s")
     save()
     _prune(store, {e["sha256"] for e in files.values()})
     made.mirrored = sum(url in files for url in urls)
@@ -208,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--expect", type=Path, help="a registered files map the bytes must match")
     m.add_argument("--recheck", action="store_true", help="fetch present files again, to "
                    "name those whose bytes changed")  # fmt: skip
+    m.add_argument(
+        "--dataset",
+        metavar="BASE",
+        help="where a URL that cannot be fetched is "
+        f"looked for as <BASE>/<domain>/<task id>/<file name> (OSWorld's: {DATASET})",
+    )
     d = Limits()
     m.add_argument("--max-file-mb", type=int, default=d.max_file_bytes // MIB)
     m.add_argument("--max-total-mb", type=int, default=d.max_total_bytes // MIB)
@@ -247,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _make(args) -> int:
     made = make(args.dir, args.out, index=args.index, limits=_limits(args), expect=args.expect,
-                recheck=args.recheck)  # fmt: skip
+                recheck=args.recheck, dataset=args.dataset)  # fmt: skip
     if args.report is not None:
         atomic_write_json(args.report, made.report())
     for tid, why in sorted(made.malformed.items()):
