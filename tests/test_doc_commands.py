@@ -130,12 +130,24 @@ def checkout(tmp_path_factory):
     return root
 
 
+# Configs whose task source is OSWorld's own evaluation_examples, which a user unpacks beside the
+# workflow: planned with the set from ../shared/osworld/ (skipped, saying so, where it is absent).
+NEEDS_OSWORLD = ("config/rehearsal-osworld.yaml",)
+
+
 @pytest.mark.parametrize("args", sorted(COMMANDS), ids=lambda a: a or "(none)")
-def test_each_snakemake_command_the_docs_type_plans_on_a_fresh_clone(checkout, args):
+def test_each_snakemake_command_the_docs_type_plans_on_a_fresh_clone(checkout, args, request):
     words = args.split()
     skipped = [why for flag, why in NOT_DRY_RUN.items() if flag in words]
     if skipped:
         pytest.skip(f"{args}: {skipped[0]}")
+    if any(name in words for name in NEEDS_OSWORLD):
+        examples = request.getfixturevalue("osworld_examples")  # skips, saying why, if absent
+        if not (checkout / "evaluation_examples").exists():
+            (checkout / "evaluation_examples").symlink_to(examples)
+        oracles = checkout / "tests" / "fixtures" / "osworld-oracles.jsonl"
+        oracles.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / "tests" / "fixtures" / "osworld-oracles.jsonl", oracles)
     done = subprocess.run(
         [sys.executable, "-m", "snakemake", *words, "--dry-run", "--quiet", "rules"],
         cwd=checkout,

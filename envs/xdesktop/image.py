@@ -212,8 +212,9 @@ audio/mpeg=vlc.desktop
 video/mp4=vlc.desktop
 """
 # LibreOffice's defaults for every user (a sandbox's /root starts empty, so there is no profile
-# to set them in): no Tip of the Day dialog over the document at first start, which would take
-# the keyboard from the task.
+# to set them in): no Tip of the Day dialog over the document at first start, and no template
+# chooser over a new presentation (OSWorld's machine has both dismissed), either of which would
+# take the keyboard from the task: a key meant for the document or a terminal lands in it.
 LIBREOFFICE_DEFAULTS = """<?xml version="1.0" encoding="UTF-8"?>
 <oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
   xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xmlns:oor="http://openoffice.org/2001/registry">
@@ -221,6 +222,13 @@ LIBREOFFICE_DEFAULTS = """<?xml version="1.0" encoding="UTF-8"?>
  <oor:component-data oor:package="org.openoffice.Office" oor:name="Common">
   <node oor:name="Misc">
    <prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop>
+  </node>
+ </oor:component-data>
+ <oor:component-data oor:package="org.openoffice.Office" oor:name="Impress">
+  <node oor:name="Misc">
+   <node oor:name="NewDoc">
+    <prop oor:name="AutoPilot" oor:op="fuse"><value>false</value></prop>
+   </node>
   </node>
  </oor:component-data>
 </oor:data>
