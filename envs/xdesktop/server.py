@@ -170,9 +170,8 @@ class Display:
         self.size = (width, height)
 
     def bind_terminal_key(self) -> None:
-        """Ctrl+Alt+T (whatever Caps or Num Lock say) opens TERMINAL in the home folder, in front
-        and with the keyboard: grabbed here, then served by a thread of the server on a
-        connection of its own. A thread, not
+        """Ctrl+Alt+T (whatever Caps or Num Lock say) opens TERMINAL in the home folder: grabbed
+        here, then served by a thread of the server on a connection of its own. A thread, not
         a process: a second interpreter took over 20 s to start in a QEMU guest under TCG on a
         loaded host."""
         from Xlib import XK, X, error
@@ -192,13 +191,7 @@ class Display:
         def serve() -> None:
             while True:
                 if shown.next_event().type == X.KeyPress:
-                    terminal = self.spawn(TERMINAL, cwd=HOME)
-                    # in front, as Ubuntu's is: openbox keeps the focus on a window the user
-                    # was typing in (LibreOffice, Chromium), so the keys meant for the new
-                    # terminal went to the application under it
-                    with contextlib.suppress(subprocess.SubprocessError):  # open, not in front
-                        run(["xdotool", "search", "--sync", "--pid", str(terminal.pid),
-                             "windowactivate", "--sync"], timeout=10)  # fmt: skip
+                    self.spawn(TERMINAL, cwd=HOME)
 
         threading.Thread(target=serve, name="terminal-key", daemon=True).start()
 
