@@ -1,6 +1,7 @@
 """OSWorld's own tasks solved, not only counted: an oracle per task (test data,
 `tests/fixtures/osworld-oracles.jsonl`, never part of a task), each with near misses, for tasks of
-every application the full image carries. The oracles name tasks the freeze keeps on the full
+every application the full image carries that has a task here that can succeed offline. The
+oracles name tasks the freeze keeps on the full
 image; played on a gVisor sandbox, each scores 1 by OSWorld's own evaluator through the confined
 checker, and each near miss and the no-op score 0, validly.
 
@@ -32,7 +33,7 @@ PLAYED = (
     "e0df059f-28a6-4169-924f-b9623e7184cc",  # os: a folder renamed
     "215dfd39-f493-4bc3-a027-8a97d72c61bf",  # vlc: its settings file, `vlc_config`
     "7b7617bd-57cc-468e-9c91-40c4ec2bcb3d",  # gimp: gimprc, `gimp_config_file`
-    "2cd43775-7085-45d8-89fa-9e35c0a915cf",  # impress: LibreOffice's registry, `vm_file`
+    "7a5a7856-f1b6-42a4-ade9-1ca81ca0f263",  # chrome: the bookmark bubble, `bookmarks`
     "chrome.12086550-11c0-466b-b367-1d9e75b3910e",  # chrome: the address bar, the tree getter
     "chrome.030eeff7-b492-4218-b312-701ec99ee0cc",  # chrome: its profile's Preferences
 )
@@ -72,7 +73,9 @@ def test_every_oracle_names_a_task_the_freeze_keeps_on_the_full_image(osworld_se
     entries = oracles()
     assert {e["id"] for e in entries} <= set(osworld_set)
     apps = {e["app"] for e in entries}
-    assert {"os", "vlc", "gimp", "libreoffice_impress", "chrome"} <= apps
+    # LibreOffice has none: of its runnable tasks here, one is infeasible, one's set-up is not
+    # deterministic (ef9d12bd) and one's keys land in the slide (2cd43775: docs/results/)
+    assert {"os", "vlc", "gimp", "chrome"} <= apps
     feasible = [t for t in osworld_set.values() if t["evaluator"].get("func") != "infeasible"]
     assert all(osworld_set[e["id"]] in feasible for e in entries)  # none scored by the last action
 
