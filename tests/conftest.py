@@ -288,3 +288,29 @@ def osworld_examples(tmp_path_factory) -> Path:
     with tarfile.open(SHARED_EXAMPLES[-1]) as archive:
         archive.extractall(into, filter="data")  # plain files and folders only, inside `into`
     return into / "evaluation_examples"
+
+
+@pytest.fixture(scope="module")
+def full_image_pool():
+    """A gVisor fork host of the full X desktop image, for a module's plays; skips, saying how
+    to build it, where the image is not built (never built by a test: about 400 MB of Debian
+    packages) or gVisor cannot run."""
+    from envab.envs.host.gvisor import gvisor_problem
+    from envab.envs.host.pool import HostConfig, Pool
+    from envab.envs.xdesktop.image import cached, ensure_desktop
+
+    cache = REPO / "build" / "xdesktop"
+    if gvisor_problem():
+        pytest.skip(f"gVisor sandbox: {gvisor_problem()}")
+    if not cached(cache, "full"):
+        pytest.skip(
+            "the full X desktop image is not built (on request only, about 400 MB of Debian "
+            "packages): python -m envab.envs.xdesktop.image --image full"
+        )
+    built = ensure_desktop(cache, image="full")
+    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", world="xdesktop", image="full",
+                           rootfs=str(built.rootfs), step_timeout_s=60,
+                           create_timeout_s=600))  # fmt: skip
+    pool.start()
+    yield pool
+    pool.stop()

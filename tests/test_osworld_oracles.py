@@ -17,16 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from envab.envs.host.gvisor import gvisor_problem
-from envab.envs.host.pool import HostConfig, Pool
+from envab.envs.host.pool import Pool
 from envab.envs.osworld.source import load_dir, select
 from envab.envs.protocol import check_action
 from envab.envs.tasks import fetch
-from envab.envs.xdesktop.image import cached, ensure_desktop
 
 REPO = Path(__file__).resolve().parent.parent
 ORACLES = REPO / "tests" / "fixtures" / "osworld-oracles.jsonl"
-CACHE = REPO / "build" / "xdesktop"
 # One task of each application and of each way an oracle works (the shell, the application's own
 # keys), played by the integration test below; bench/real_tasks.py plays them all.
 PLAYED = (
@@ -84,28 +81,6 @@ def test_every_oracle_names_a_task_the_freeze_keeps_on_the_full_image(osworld_se
     assert all(osworld_set[e["id"]] in feasible for e in entries)  # none scored by the last action
 
 
-def _why_not() -> str | None:
-    if gvisor_problem():
-        return f"gVisor sandbox: {gvisor_problem()}"
-    if not cached(CACHE, "full"):
-        return ("the full X desktop image is not built (on request only, about 400 MB of Debian "
-                "packages): python -m envab.envs.xdesktop.image --image full")  # fmt: skip
-    return None
-
-
-@pytest.fixture(scope="module")
-def pool():
-    if _why_not():
-        pytest.skip(_why_not())
-    built = ensure_desktop(CACHE, image="full")
-    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", world="xdesktop", image="full",
-                           rootfs=str(built.rootfs), step_timeout_s=60,
-                           create_timeout_s=600))  # fmt: skip
-    pool.start()
-    yield pool
-    pool.stop()
-
-
 def play(pool: Pool, task: dict, actions: list[dict]) -> dict:
     env = pool.create(task)
     try:
@@ -121,13 +96,13 @@ def play(pool: Pool, task: dict, actions: list[dict]) -> dict:
 @pytest.mark.integration
 @pytest.mark.parametrize("tid", PLAYED)
 def test_an_oracle_scores_1_by_osworlds_evaluator_and_its_near_miss_and_noop_0(
-    osworld_set, pool, tid
+    osworld_set, full_image_pool, tid
 ):
     entry = {e["id"]: e for e in oracles()}[tid]
     task = osworld_set[tid]
     plays = [(entry["oracle"], 1.0), ([], 0.0), (entry["near_misses"][0]["actions"], 0.0)]
     for actions, want in plays:
-        verdict = play(pool, task, actions)
+        verdict = play(full_image_pool, task, actions)
         assert (verdict["score"], verdict["valid"]) == (want, True), (want, verdict)
 
 

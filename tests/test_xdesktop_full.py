@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from envab.envs.host.gvisor import gvisor_problem
-from envab.envs.host.pool import HostConfig, Pool
 from envab.envs.osworld.source import load_dir, select
-from envab.envs.xdesktop.image import cached, ensure_desktop
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "envs" / "xdesktop" / "tasks_full"
-CACHE = REPO / "build" / "xdesktop"
 
 
 def test_the_full_images_tasks_freeze_runnable_on_it_and_not_on_the_base():
@@ -39,28 +35,6 @@ def test_the_full_images_tasks_freeze_runnable_on_it_and_not_on_the_base():
         select(frozen, {"runnable": True}, "xdesktop")  # the base image has none of them
 
 
-def _why_not() -> str | None:
-    if gvisor_problem():
-        return f"gVisor sandbox: {gvisor_problem()}"
-    if not cached(CACHE, "full"):
-        return ("the full X desktop image is not built (on request only, about 400 MB of Debian "
-                "packages): python -m envab.envs.xdesktop.image --image full")  # fmt: skip
-    return None
-
-
-@pytest.fixture(scope="module")
-def pool():
-    if _why_not():
-        pytest.skip(_why_not())
-    built = ensure_desktop(CACHE, image="full")
-    pool = Pool(HostConfig(mode="fork", sandbox="gvisor", world="xdesktop", image="full",
-                           rootfs=str(built.rootfs), step_timeout_s=60,
-                           create_timeout_s=600))  # fmt: skip
-    pool.start()
-    yield pool
-    pool.stop()
-
-
 def _tasks():
     tasks = {t.task["id"]: t.task for t in load_dir(TASKS).tasks}
     lines = (TASKS / "solutions.jsonl").read_text().splitlines()
@@ -69,7 +43,10 @@ def _tasks():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("task, solution", _tasks(), ids=lambda v: v.get("id", ""))
-def test_each_application_sets_up_and_its_oracle_scores_1_and_its_noop_0(pool, task, solution):
+def test_each_application_sets_up_and_its_oracle_scores_1_and_its_noop_0(
+    full_image_pool, task, solution
+):
+    pool = full_image_pool
     for actions, want in ((solution["oracle"], 1.0), ([], 0.0)):
         env = pool.create(task)
         try:
