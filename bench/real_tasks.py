@@ -66,14 +66,10 @@ def load_osworld(root: Path, solutions: Path, image: str) -> tuple[list[dict], d
     out = {s["id"]: s for s in given}
     missing = sorted(set(out) - set(by_id))
     if missing:
-        rows = chosen.report()["per_task"]
-        why = {k.rsplit("/", 1)[-1]: r["reasons"]["xdesktop"] for k, r in rows.items()}
-        raise SystemExit(
-            "oracles for tasks the freeze leaves out on the "
-            + image
-            + " image: "
-            + "; ".join(f"{m} {why.get(m, ['not in the set'])}" for m in missing)
-        )
+        rows = chosen.report()["per_task"].values()
+        why = {r["id"]: r["reasons"]["xdesktop"] for r in rows}  # by frozen id, as oracles are
+        named = "; ".join(f"{m} {why.get(m, ['not in the set'])}" for m in missing)
+        raise SystemExit(f"oracles for tasks the freeze leaves out on the {image} image: {named}")
     return [by_id[i] for i in out], out
 
 
