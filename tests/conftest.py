@@ -314,3 +314,17 @@ def full_image_pool():
     pool.start()
     yield pool
     pool.stop()
+
+
+def play_on(pool, task: dict, actions: list[dict]) -> dict:
+    """One play on `pool`: the task set up, every action stepped (each answer valid), then the
+    verdict; the environment closed whatever happens."""
+    env = pool.create(task)
+    try:
+        assert env["valid"], env.get("failed_gates")
+        for action in actions:
+            env = pool.step(env["env_id"], action, env["generation"])
+            assert env["valid"], env
+        return pool.verify(env["env_id"])
+    finally:
+        pool.close(env["env_id"])

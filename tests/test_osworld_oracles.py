@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import play_on
 
-from envab.envs.host.pool import Pool
 from envab.envs.osworld.source import load_dir, select
 from envab.envs.protocol import check_action
 from envab.envs.tasks import fetch
@@ -81,18 +81,6 @@ def test_every_oracle_names_a_task_the_freeze_keeps_on_the_full_image(osworld_se
     assert all(osworld_set[e["id"]] in feasible for e in entries)  # none scored by the last action
 
 
-def play(pool: Pool, task: dict, actions: list[dict]) -> dict:
-    env = pool.create(task)
-    try:
-        assert env["valid"], env.get("failed_gates")
-        for action in actions:
-            env = pool.step(env["env_id"], action, env["generation"])
-            assert env["valid"], env
-        return pool.verify(env["env_id"])
-    finally:
-        pool.close(env["env_id"])
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("tid", PLAYED)
 def test_an_oracle_scores_1_by_osworlds_evaluator_and_its_near_miss_and_noop_0(
@@ -102,7 +90,7 @@ def test_an_oracle_scores_1_by_osworlds_evaluator_and_its_near_miss_and_noop_0(
     task = osworld_set[tid]
     plays = [(entry["oracle"], 1.0), ([], 0.0), (entry["near_misses"][0]["actions"], 0.0)]
     for actions, want in plays:
-        verdict = play(full_image_pool, task, actions)
+        verdict = play_on(full_image_pool, task, actions)
         assert (verdict["score"], verdict["valid"]) == (want, True), (want, verdict)
 
 

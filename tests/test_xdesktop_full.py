@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import play_on
 
 from envab.envs.osworld.source import load_dir, select
 
@@ -46,15 +47,6 @@ def _tasks():
 def test_each_application_sets_up_and_its_oracle_scores_1_and_its_noop_0(
     full_image_pool, task, solution
 ):
-    pool = full_image_pool
     for actions, want in ((solution["oracle"], 1.0), ([], 0.0)):
-        env = pool.create(task)
-        try:
-            assert env["valid"], env.get("failed_gates")
-            for action in actions:
-                env = pool.step(env["env_id"], action, env["generation"])
-                assert env["valid"], env
-            verdict = pool.verify(env["env_id"])
-        finally:
-            pool.close(env["env_id"])
+        verdict = play_on(full_image_pool, task, actions)
         assert (verdict["score"], verdict["valid"]) == (want, True), verdict
