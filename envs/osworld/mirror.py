@@ -118,15 +118,15 @@ def dataset_url(base: str, domain: str, task_id: str, name: str) -> str:
     return base.rstrip("/") + "/" + "/".join(urllib.parse.quote(x, safe="") for x in parts)
 
 
-def _fetch(url: str, alternates: list[str], store: Path, limits: Limits) -> dict:
-    """The URL's file, else the first of `alternates` that can be fetched (`from` says which);
-    Unfetchable with the URL's own reason when none can."""
+def _fetch(url: str, alternates: list[str], store: Path, limits: Limits) -> tuple[dict, str | None]:
+    """The URL's file, else the first of `alternates` that can be fetched, with which one (None:
+    the URL's own); Unfetchable with the URL's own reason when none can."""
     try:
-        return fetch_url(url, store, limits)
+        return fetch_url(url, store, limits), None
     except Unfetchable as first:
         for alternate in alternates:
             try:
-                return {**fetch_url(alternate, store, limits), "from": alternate}
+                return fetch_url(alternate, store, limits), alternate
             except Unfetchable:
                 continue
         raise first from None
@@ -187,7 +187,7 @@ def make(
         started = time.monotonic()
         alternates = [dataset_url(dataset, *w) for w in named.get(url, [])] if dataset else []
         try:
-            got = _fetch(url, alternates, store, limits)
+            got, source = _fetch(url, alternates, store, limits)
         except Unfetchable as e:
             made.failed[url] = {"reason": e.reason, "detail": str(e), "tasks": ids}
             say(f"{head}: FAILED {e.reason}: {e}")
@@ -208,12 +208,12 @@ def make(
             }
             say(f"{head}: FAILED file:too_large: {made.failed[url]['detail']}")
             continue
-        if "from" in got:
-            made.from_dataset[url] = got.pop("from")
+        if source is not None:
+            made.from_dataset[url] = source
         files[url] = got
         made.fetched.append(url)
         save()
-        said = f" from {made.from_dataset[url]}" if url in made.from_dataset else ""
+        said = f" from {source}" if source else ""
         say(f"{head}: fetched {got['size']} bytes{said} in {time.monotonic() - started:.1f} s")
     save()
     _prune(store, {e["sha256"] for e in files.values()})
