@@ -153,6 +153,26 @@ class Workflow:
 
         self.edit_config(config)
 
+    def pin_tiny_model(self, experiment_id: str) -> None:
+        """Pin the tiny model built for this copy's own task set: its tokenizer is built from
+        the training tasks' instructions, so a copy whose tasks differ from the shipped ones
+        needs the manifest of its own build (what a user does with `model manifest`)."""
+        from envab.trainer import model as pin
+
+        split = f"results/{experiment_id}/tasks/train.jsonl"
+        result = self.snakemake(split)
+        assert result.returncode == 0, result.stderr[-3000:]
+        config = yaml.safe_load((self.root / "config.yaml").read_text())
+        source = pin.parse_source(
+            config["model"]["source"], pin.spec_from_mapping(config["model"]["spec"])
+        )
+        built = pin.build_builtin(
+            source, pin.read_instructions(self.root / split), self.root / "build" / "tiny-pin"
+        )
+        manifest = pin.model_manifest(built)
+        shutil.rmtree(built)
+        self.edit_config(lambda c: c["model"].update(manifest=manifest))
+
     def embedded_arms(self) -> None:
         """Both arms on the embedded host (a restore per rollout against a fork): the whole
         pipeline without QEMU, fault switches included. The QEMU arm has tests of its own."""
