@@ -24,7 +24,7 @@ from pathlib import Path
 from statsmodels.stats.multitest import multipletests
 
 from envab import preregistration
-from envab.analysis import speed
+from envab.analysis import speed, trace_replay
 from envab.analysis.crossing import null_statement
 from envab.analysis.divergence import first_divergence
 from envab.analysis.equivalence import convergence_ratio, curve_equivalence
@@ -487,6 +487,8 @@ def compute_outcome(
         "arms": {a: _arm_summary([r for r in rows if r["arm"] == a]) for a in arms},
         "across_seeds": [{"candidate": c, "baseline": b, **across[b, c]} for b, c in pairs],
         "inputs": {p: d for run in runs for p, d in run.inputs.items()},
+        # the registered cross-arm trace replays, one per A/B run (a key only where registered)
+        **({"replay": replayed} if (replayed := trace_replay.section(runs)) else {}),
     }
 
 
@@ -805,6 +807,8 @@ def render_markdown(outcome: dict) -> str:
         lines += [f"{said}. Bits repeat, where at all, within one kind only.", ""]
     lines += [_divergence_line(check) for check in outcome["divergence"]] or ["- one arm: –"]
     lines.append("")
+    if outcome.get("replay"):
+        lines += trace_replay.lines(outcome["replay"])
     if outcome["equivalence"] is not None:
         lines += ["## Learning curves: equivalent within the margin?", ""]
         lines += [_equivalence_line(check) for check in outcome["equivalence"]]
@@ -939,14 +943,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-BY_NAME = ("steps.jsonl", "trajectories.jsonl", "confirm.json")
+BY_NAME = ("steps.jsonl", "trajectories.jsonl", "confirm.json", "replay.json")
 HONEST_EVALUATIONS = "eval-honest"  # the folder of an evaluation corruption's honest evaluations
 
 
 def load_run(files: list[str]) -> RunRecords:
-    """One --run group: three files in order, then steps.jsonl, trajectories.jsonl and
-    confirm.json known by their names (each optional), and the evaluations (eval-honest/ ones
-    apart: an evaluation corruption's honest evaluations)."""
+    """One --run group: three files in order, then steps.jsonl, trajectories.jsonl,
+    confirm.json and replay.json known by their names (each optional), and the evaluations
+    (eval-honest/ ones apart: an evaluation corruption's honest evaluations)."""
     pins, checkpoints, run, *rest = files
     named = {Path(f).name: f for f in rest if Path(f).name in BY_NAME}
     honest = [f for f in rest if Path(f).parent.name == HONEST_EVALUATIONS]
@@ -960,6 +964,7 @@ def load_run(files: list[str]) -> RunRecords:
         named.get("trajectories.jsonl"),
         named.get("confirm.json"),
         honest,
+        named.get("replay.json"),
     )
 
 
@@ -998,6 +1003,12 @@ def main(argv: list[str] | None = None) -> int:
             "primary": {
                 f"{p['candidate']}/{p['baseline']}": p["verdict"] for p in outcome["primary"]
             },
+            # each A/B run's cross-arm trace replay (analysis/trace_replay.py), where registered
+            **(
+                {"replay": trace_replay.predicate(outcome["replay"])}
+                if outcome.get("replay")
+                else {}
+            ),
             # the timed controls' verdicts by the primary endpoint (analysis/speed.py)
             "timed_controls": {
                 c["runs_as"]: c["verdict"] for c in (outcome.get("speed") or {}).get("controls", [])

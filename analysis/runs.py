@@ -32,6 +32,7 @@ class RunRecords:
     confirmation: dict | None = None  # confirm.json: the accepted crossing evaluated afresh
     # eval-honest/<checkpoint>.json: an evaluation corruption's checkpoints evaluated honestly
     honest_evaluations: dict[str, dict] | None = None
+    replay: dict | None = None  # replay.json: its attempts replayed on every arm (eval/replay.py)
 
     @classmethod
     def load(
@@ -44,12 +45,14 @@ class RunRecords:
         trajectories: str | Path | None = None,
         confirmation: str | Path | None = None,
         honest_evaluations: Iterable[str | Path] = (),
+        replay: str | Path | None = None,
     ) -> RunRecords:
         """`evaluations` are eval/<checkpoint>.json files; a file's stem names its checkpoint.
         `steps`: the run's steps.jsonl (trainer/step_digests.py), for the divergence check;
         `trajectories`: its trajectories.jsonl (the controls count environment set-ups in it);
         `confirmation`: its confirm.json (analysis/confirm.py); `honest_evaluations`:
-        eval-honest/<checkpoint>.json files (an evaluation corruption's)."""
+        eval-honest/<checkpoint>.json files (an evaluation corruption's); `replay`: its
+        replay.json (eval/replay.py)."""
         # Sorted so the per-run sums over evaluations add up in the same order however the
         # files are given.
         evaluation_files = sorted(Path(e) for e in evaluations)
@@ -61,6 +64,7 @@ class RunRecords:
         files += [Path(steps)] if steps else []
         files += [Path(trajectories)] if trajectories else []
         files += [Path(confirmation)] if confirmation else []
+        files += [Path(replay)] if replay else []
         honest_files = sorted(Path(e) for e in honest_evaluations)
         files += honest_files
         pinned = RunPins.load(files[0])
@@ -78,4 +82,5 @@ class RunRecords:
             honest_evaluations={e.stem: json.loads(e.read_text()) for e in honest_files}
             if honest_files
             else None,
+            replay=json.loads(Path(replay).read_text()) if replay else None,
         )

@@ -179,6 +179,15 @@ class PrimaryEndpoint:
 
 
 @dataclass(frozen=True)
+class ReplayRule:
+    """The cross-arm trace replay of every A/B run (eval/replay.py, analysis/trace_replay.py):
+    `sample` logged attempts per run, drawn from `seed`, played again on every A/B arm."""
+
+    sample: int
+    seed: int
+
+
+@dataclass(frozen=True)
 class TimingRule:
     """How speed is measured (analysis/blocks.py, trainer/timing.py): blocks in which every arm
     replays the same training seed for the same window of valid trajectories back to back, in an
@@ -293,6 +302,7 @@ class Preregistration:
     determinism: str = "expected"
     control_seeds: tuple[int, ...] | None = None  # None: every seed
     timing: TimingRule | None = None  # None: speed is read from the A/B runs' own clocks
+    replay: ReplayRule | None = None  # None: no cross-arm trace replay (up to v15)
 
     @property
     def threshold(self) -> float:
@@ -343,6 +353,7 @@ class Preregistration:
                 if "timing" in data
                 else None
             ),
+            replay=ReplayRule(**data["replay"]) if "replay" in data else None,
         )
         prereg._cross_check(path)
         prereg._check_controls(path)

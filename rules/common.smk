@@ -278,9 +278,15 @@ def run_records(arm, seed):
 def outcome_run_records(arm, seed):
     """A run's records as the outcome reads them: with its trajectories (each run's reward
     consistency; a control's base run's, for the corruption's comparison) and its confirmatory
-    evaluation, where one is registered."""
+    evaluation and its cross-arm trace replay, where each is registered."""
     confirmed = [f"{run_dir(arm, seed)}/confirm.json"] if PREREG.confirmation else []
-    return run_records(arm, seed) + [f"{run_dir(arm, seed)}/trajectories.jsonl"] + confirmed
+    replayed = [f"{run_dir(arm, seed)}/replay.json"] if PREREG.replay else []
+    return (
+        run_records(arm, seed)
+        + [f"{run_dir(arm, seed)}/trajectories.jsonl"]
+        + confirmed
+        + replayed
+    )
 
 
 def all_run_records(wildcards):

@@ -107,3 +107,40 @@ if PREREG.confirmation:
             " --checkpoints {input.checkpoints} --heldout {input.heldout}"
             " --backend {params.backend} --out {output} --store {params.store} --log {log}"
             " --cores {threads}"
+
+
+# The cross-arm trace replay (pre-registered `replay`): a sample of each A/B run's logged
+# attempts played again with the same actions on a fresh environment of every A/B arm
+# (eval/replay.py). The check that the arms served the same data which does not rest on
+# bit-determinism; a "differ" is recorded, not a failed job: the outcome judges it.
+if PREREG.replay:
+
+    rule replay:
+        input:
+            target=TARGET,
+            receipts=FROZEN,  # the training split's; the replay never reads a held-out task
+            train=f"{RESULTS}/tasks/train.jsonl",
+            trajectories=run_file("trajectories.jsonl"),
+            guests=timing_guests,  # every QEMU arm's guest: the replay plays every arm
+        output:
+            run_file("replay.json"),
+        params:
+            arms=" ".join(f"--arm {arm} {as_arg(config['arms'][arm])}" for arm in PREREG.arms),
+            sample=PREREG.replay.sample,
+            seed=PREREG.replay.seed,
+        wildcard_constraints:
+            arm="|".join(PREREG.arms),  # the A/B runs; a control's arm differs by design
+            seed=r"\d+",
+        threads: whole_machine()  # as every evaluation: never beside a timed training run
+        conda:
+            SOFTWARE
+        benchmark:
+            f"{BENCHMARKS}/replay/{{arm}}_seed{{seed}}.tsv",
+        log:
+            main=f"{LOGS}/replay_{{arm}}_seed{{seed}}.log",
+            host=f"{LOGS}/replay_{{arm}}_seed{{seed}}.host.log",
+        shell:
+            "python -m envab.eval.replay --target {input.target} --receipts {input.receipts}"
+            " --train {input.train} --trajectories {input.trajectories} {params.arms}"
+            " --sample {params.sample} --seed {params.seed} --judged-later --out {output}"
+            " --log {log.host} > {log.main} 2>&1"

@@ -4,8 +4,11 @@ and a fork arm; a reward-flipping control as the arm that answers the same actio
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from envab.analysis import trace_replay
 from envab.envs.arms import open_arm
 from envab.envs.tasks.build import build
 from envab.eval.replay import compare, replay, sample, summary
@@ -77,6 +80,32 @@ def test_an_arm_that_answers_the_same_actions_otherwise_is_found(played):
     assert len({r["screens_sha256"] for r in replays.values()}) == 1
     judged = summary([compared], ["restore", "drums", "flips"])
     assert judged["verdict"] == "differ" and judged["per_arm"]["flips"]["as_recorded"] == 0
+
+
+def test_the_outcome_says_differ_where_one_runs_replay_does(played):
+    """The outcome's section (analysis/trace_replay.py) from real replays: a run whose arms
+    answered alike reads "same"; a second run with the reward-flipping arm among its arms turns
+    the whole section to "differ", named as outranking any speed result."""
+    task, out = played
+    honest = summary(
+        [compare(record(task, "valid", 1.0, out["oracle"]["actions"]), _two(out["oracle"]))],
+        ["restore", "drums"],
+    )
+    flipped = summary(
+        [compare(record(task, "valid", 1.0, out["oracle"]["actions"]), out["oracle"]["replays"])],
+        ["restore", "drums", "flips"],
+    )
+    same = SimpleNamespace(arm="drums", seed=1, replay=honest)
+    assert trace_replay.section([same])["verdict"] == "same"
+    assert trace_replay.section([SimpleNamespace(arm="drums", seed=1, replay=None)]) is None
+    section = trace_replay.section([same, SimpleNamespace(arm="qemu", seed=1, replay=flipped)])
+    assert section["verdict"] == "differ"
+    assert trace_replay.predicate(section) == {"drums/seed1": "same", "qemu/seed1": "differ"}
+    text = "\n".join(trace_replay.lines(section))
+    assert "- **qemu/seed1**: differ (0 of 1 answered alike" in text
+    assert f"{task['id']}: recorded valid 1.0; replayed restore valid 1.0" in text
+    assert "flips valid 0.0" in text and "outranks any speed result" in text
+    assert "outranks" not in "\n".join(trace_replay.lines(trace_replay.section([same])))
 
 
 def test_the_sample_is_drawn_from_its_seed_among_attempts_that_logged_actions():

@@ -114,6 +114,7 @@ def stopped(tmp_path_factory, make_workflow):
         t["seeds"] = [1]
         for key in ("controls", "control_seeds", "confirmation", "equivalence"):
             t.pop(key, None)
+        t["replay"] = {"sample": 4, "seed": 0}  # the run's attempts replayed on both arms
 
     workflow.tiny_recipe()
     workflow.edit_target(target)
@@ -158,32 +159,26 @@ def test_the_workflows_evaluations_are_the_judges(stopped):
 
 
 def test_the_runs_logged_actions_replay_alike_on_both_arms_and_as_recorded(stopped):
-    """Cross-arm trace replay (eval/replay.py) of the run's own attempts: each logged the actions
-    it sent, and played again on a fresh environment of each arm they end as recorded."""
-    import subprocess
-    import sys
-
-    from envab.receipts import FREEZE_RECEIPTS
-
-    results = stopped.run.parent.parent
-    receipts = [f"receipts/{results.name}/{name}" for name in FREEZE_RECEIPTS]
+    """The registered cross-arm trace replay (rule replay, eval/replay.py) of the run's own
+    attempts: each logged the actions it sent, and played again on a fresh environment of each
+    A/B arm they end as recorded; the outcome reads the job's verdict."""
     attempts = [json.loads(line) for line in (stopped.run / "trajectories.jsonl").open()]
     assert attempts and all("sent" in a and len(a["sent"]) == a["actions"] for a in attempts)
-    arms = yaml.safe_load((stopped.root / "config.yaml").read_text())["arms"]
-    train = f"{results.relative_to(stopped.root)}/tasks/train.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "envab.eval.replay", "--target", "preregistration/target.yaml",
-         "--receipts", *receipts, "--train", train,
-         "--trajectories", str(stopped.run / "trajectories.jsonl"),
-         *[x for name, arm in arms.items() for x in ("--arm", name, json.dumps(arm))],
-         "--sample", "4", "--out", "replay.json"],
-        cwd=stopped.root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    replayed = json.loads((stopped.root / "replay.json").read_text())
+    replayed = json.loads((stopped.run / "replay.json").read_text())
+    assert (replayed["sample"], replayed["seed"]) == (4, 0)  # as registered
     assert replayed["verdict"] == "same" and replayed["attempts"] == 4
     assert set(replayed["arms"]) == {"restore", "drums"} and replayed["arms_agree"] == 4
-    assert "4 answered alike on every arm; same" in result.stderr
+    outcome_dir = stopped.run.parent.parent / "selections" / "arm-drums"
+    outcome = json.loads((outcome_dir / "outcome.json").read_text())
+    assert outcome["replay"]["verdict"] == "same"
+    assert [row["run"] for row in outcome["replay"]["runs"]] == ["drums/seed1"]
+    text = (outcome_dir / "outcome.md").read_text()
+    assert "- **drums/seed1**: same (4 of 4 answered alike on restore, drums" in text
+    receipt = json.loads(
+        (stopped.root / "receipts" / outcome_dir.relative_to(stopped.root / "results")
+         / "outcome.json").read_text()
+    )  # fmt: skip
+    assert receipt["predicate"]["replay"] == {"drums/seed1": "same"}
 
 
 def test_a_judge_resumed_mid_way_judges_only_what_is_left(stopped, monkeypatch):
