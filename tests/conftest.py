@@ -235,6 +235,7 @@ FIRST = (
     "test_agent.py",
     "test_ranks.py",
     "test_ordinary_user.py",  # a registration run as an ordinary user
+    "test_judge_confirmation.py",  # a small run, then the judge three times
 )
 
 
