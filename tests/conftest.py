@@ -111,8 +111,10 @@ class Workflow:
     def snakemake(
         self, *args: str, timeout: float = 600, env: dict | None = None
     ) -> subprocess.CompletedProcess:
-        """`env`: variables to set for this run and its jobs (e.g. WANDB_MODE=offline)."""
-        return subprocess.run(
+        """`env`: variables to set for this run and its jobs (e.g. WANDB_MODE=offline). A run
+        that fails has the last lines of each failed job's log added to its stderr, where a
+        test's assertion message shows them: a CI log then says why, not only which job."""
+        result = subprocess.run(
             [sys.executable, "-m", "snakemake", "--cores", "1", *args],
             cwd=self.root,
             capture_output=True,
@@ -120,6 +122,25 @@ class Workflow:
             timeout=timeout,
             env={**os.environ, **(env or {})},
         )
+        if result.returncode != 0:
+            result.stderr += self.failed_logs(result.stderr)
+        return result
+
+    def failed_logs(self, stderr: str, lines: int = 15) -> str:
+        """The tails of the logs Snakemake names under each failed job ("log: a, b (check
+        log file(s) ...)"), each headed by its path."""
+        tails = []
+        for line in stderr.splitlines():
+            line = line.strip()
+            if not line.startswith("log: ") or "check log file" not in line:
+                continue
+            for name in line[len("log: ") :].split(" (check")[0].split(", "):
+                path = self.root / name.strip()
+                if path.is_file():
+                    text = path.read_text(errors="replace").splitlines()[-lines:]
+                    tails.append(f"\n--- {name.strip()} (last {len(text)} lines) ---\n")
+                    tails.append("\n".join(text))
+        return "".join(tails)
 
     def edit_config(self, update) -> None:
         path = self.root / "config.yaml"

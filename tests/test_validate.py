@@ -179,7 +179,7 @@ def test_the_validator_runs_over_the_real_embedded_host():
     with open_backend(None, "fork") as backend:
         assert type(backend).__name__ == "DrumsBackend"
         results = validate(backend.create, tasks, solutions)
-    assert rejected(results) == [tasks[0]["id"]]
+    assert rejected(results) == [tasks[0]["id"]], [(r.id, r.reasons) for r in results]
     assert results[0].reasons[0] == "noop was invalid (state_mismatch)"
     assert all(len(r.plays) >= 3 for r in results)
 

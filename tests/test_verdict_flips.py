@@ -1,0 +1,199 @@
+"""Every verdict the outcome prints, shown flipping on the input that should flip it, where no
+other test did: the primary endpoint on time to target (faster, slower, no difference, not
+tested), a slowdown inside the smallest effect, the speed endpoint of an answer given no blocks,
+the line over the timed controls, the warm start's rule, a replay with nothing to replay, and a
+run's reward consistency. Each case is the real function on the smallest input that decides it;
+the same functions run in the real workflow's tests (test_answer, test_timing, test_replay)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from test_outcome import PREREG, load, timing_execution, write_run
+
+from envab.analysis import trace_replay
+from envab.analysis.blocks import blocked_ratio
+from envab.analysis.outcome import compute_outcome, render_markdown
+from envab.analysis.reward_consistency import consistency
+from envab.analysis.runs import RunRecords
+from envab.eval.replay import summary
+from envab.io import read_jsonl, write_jsonl
+from envab.preregistration import Control, PrimaryEndpoint
+
+RATES = [0.4, 0.45, 0.6]  # every run crosses 0.5 at its third look (96 valid trajectories)
+
+
+def _seconds(arm: str, seed: int, case: str) -> float:
+    """Seconds per valid trajectory of `arm`'s run `seed`: the baseline (restore) varies by
+    seed; the candidate (drums) is faster, slower, the same up to noise, or exactly half."""
+    base = 2.0 + 0.1 * seed
+    if arm == "restore":
+        return 2.0 if case == "constant" else base
+    return {
+        "faster": 1.0 + 0.2 * seed,
+        "slower": 3.0 + 0.2 * seed,
+        # 10 % either way by seed: the log ratios cancel, nothing to find
+        "same": base * (1.1 if seed % 2 else 1 / 1.1),
+        # every pair in exactly the same ratio: no spread to test against
+        "constant": 1.0,
+    }[case]
+
+
+@pytest.mark.parametrize(
+    ("case", "verdict"),
+    [
+        ("faster", "drums faster"),
+        ("slower", "drums slower"),
+        ("same", "no difference shown at alpha 0.05"),
+        (
+            "constant",
+            "not tested: every pair has the same log ratio: no spread to test against",
+        ),
+    ],
+)
+def test_the_primary_on_time_to_target_says_each_verdict_on_its_input(tmp_path, case, verdict):
+    runs = [
+        load(tmp_path, arm, s, RATES, _seconds(arm, s, case))
+        for arm in ("restore", "drums")
+        for s in (1, 2, 3, 4)
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    (primary,) = outcome["primary"]
+    assert primary["endpoint"] == "paired_time_ratio:wall_clock_s"
+    assert primary["verdict"] == verdict, primary
+    assert f"**drums vs restore: {verdict}.**" in render_markdown(outcome)
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "verdict"),
+    [
+        (1.1, "slower, not shown beyond the smallest effect of interest (0.8)"),
+        (1.4, "slower, beyond the smallest effect of interest (0.8)"),
+    ],
+)
+def test_a_slowdown_is_beyond_the_smallest_effect_only_past_its_inverse(slowdown, verdict):
+    # eight blocks, 0.5 % apart: a precise ratio, so only where it lies decides the words
+    logs = [math.log(slowdown) + d for d in (-0.005, 0.005) * 4]
+    assert blocked_ratio(logs, 0.05, 0.8)["verdict"] == verdict
+
+
+def _speed_prereg(controls=()):
+    return SimpleNamespace(
+        **vars(PREREG),
+        primary=PrimaryEndpoint("seconds_per_valid_trajectory", 0.05, 0.8),
+        timed_controls=tuple(controls),
+        timing=SimpleNamespace(aa_rule="within_smallest_effect"),
+    )
+
+
+def _blocks(control_factor: float | None = None) -> list[dict]:
+    """Eight blocks with drums at half restore's seconds (a little noise between them), and a
+    drums A/A window `control_factor` times drums' where given."""
+    noise = [1.01, 0.98, 1.02, 0.99, 1.0, 1.03, 0.97, 1.0]
+    executions = []
+    for k, n in enumerate(noise):
+        execution = timing_execution(k, drums_s=2.5 * n, restore_s=5.0)
+        if control_factor is not None:
+            window = dict(execution["windows"]["drums"])
+            window["wall_clock_s"] = 2.5 * n * control_factor * (1 + 0.01 * (k % 3 - 1))
+            execution["windows"]["drums-ctl"] = window
+        executions.append(execution)
+    return executions
+
+
+def test_the_speed_endpoint_is_not_measured_without_blocks_and_judged_with_them(tmp_path):
+    runs = [load(tmp_path, arm, 1, RATES, 2.0) for arm in ("restore", "drums")]
+    prereg = _speed_prereg()
+    (unmeasured,) = compute_outcome(runs, prereg)["primary"]
+    assert unmeasured["verdict"] == (
+        "not measured here: the timing blocks are the whole registration's answer"
+    )
+    (measured,) = compute_outcome(runs, prereg, timing=_blocks())["primary"]
+    assert measured["verdict"] == "faster, beyond the smallest effect of interest (0.8)"
+
+
+@pytest.mark.parametrize(
+    ("factor", "line"),
+    [
+        (1.0, "- Controls timed in the same blocks, judged by this endpoint: all as expected "
+         "(drums-ctl)."),
+        (1.3, "- Controls timed in the same blocks, judged by this endpoint: **drums-ctl NOT as "
+         "expected**: the blocks' speed verdict is not backed by its controls."),
+    ],
+)  # fmt: skip
+def test_the_outcome_says_whether_its_timed_controls_back_its_speed(tmp_path, factor, line):
+    # an A/A of drums: within 0.8 to 1.25 of drums where it is drums; 30 % slower, it is not
+    runs = [load(tmp_path, arm, 1, RATES, 2.0) for arm in ("restore", "drums")]
+    prereg = _speed_prereg([Control(name="ctl", arm="drums", expect="same")])
+    outcome = compute_outcome(runs, prereg, timing=_blocks(factor))
+    assert line in render_markdown(outcome).splitlines()
+
+
+def _with_warm_start(files: dict, rate: float, tasks: int = 40) -> RunRecords:
+    """The run of `files` with a scored warm start (a look at 0 valid trajectories) first."""
+    run = files["pins"].parent
+    outcomes = {f"t{k}": [int(k < round(rate * tasks))] for k in range(tasks)}
+    evaluation = run / "eval" / "ckpt-000.json"
+    evaluation.write_text(json.dumps({"scored": True, "success_rate": rate, "tasks": outcomes}))
+    looks = list(read_jsonl(files["checkpoints"]))
+    first = {**looks[0], "checkpoint": "ckpt-000", "due_at_valid": 0, "valid_trajectories": 0}
+    write_jsonl(files["checkpoints"], [{**first, "wall_clock_s": 0.0}, *looks])
+    return RunRecords.load(**{**files, "evaluations": [evaluation, *files["evaluations"]]})
+
+
+@pytest.mark.parametrize(
+    ("warm", "words"),
+    [
+        (0.4, "**Warm start.** Held-out success 0.400, below the bar of 0.5: reaching the "
+         "target takes learning."),
+        (0.5, "**Uninformative: the warm start already meets the target.** Its held-out "
+         "success is 0.500 against the bar of 0.5"),
+    ],
+)  # fmt: skip
+def test_a_warm_start_at_the_bar_makes_the_outcome_uninformative(tmp_path, warm, words):
+    runs = [
+        _with_warm_start(write_run(tmp_path, arm, 1, RATES, 2.0), warm)
+        for arm in ("restore", "drums")
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    assert outcome["warm_start"]["uninformative"] == (warm >= 0.5)
+    assert words in render_markdown(outcome)
+
+
+def _replayed(arm: str, seed: int, result: dict) -> SimpleNamespace:
+    return SimpleNamespace(arm=arm, seed=seed, replay=result)
+
+
+def test_a_run_with_nothing_to_replay_makes_the_section_not_replayed_never_same():
+    arms = ["restore", "drums"]
+    same = {
+        "task_id": "t1",
+        "recorded": {"verdict": "valid", "score": 1.0},
+        "replays": {arm: {"verdict": "valid", "failed_gates": [], "score": 1.0} for arm in arms},
+        "as_recorded": dict.fromkeys(arms, True),
+        "arms_agree": True,
+    }
+    played = summary([same], arms)
+    nothing = summary([], arms)
+    assert (played["verdict"], nothing["verdict"]) == (
+        "same",
+        "not replayed: no attempt logged its actions",
+    )
+    both = [_replayed("restore", 1, played), _replayed("drums", 1, played)]
+    assert trace_replay.section(both)["verdict"] == "same"
+    one_empty = [_replayed("restore", 1, played), _replayed("drums", 1, nothing)]
+    section = trace_replay.section(one_empty)
+    assert section["verdict"] == "not replayed"
+    assert trace_replay.predicate(section) != trace_replay.predicate(trace_replay.section(both))
+
+
+def test_a_runs_rewards_are_consistent_until_one_repeat_of_the_same_actions_disagrees():
+    def attempt(reward):
+        return {"verdict": "valid", "task_id": "t1", "actions_sha256": "a" * 64, "reward": reward}
+
+    assert consistency([attempt(1.0), attempt(1.0)])["verdict"] == "consistent"
+    flipped = consistency([attempt(1.0), attempt(0.0)])
+    assert (flipped["verdict"], flipped["disagreeing_groups"]) == ("disagreement", 1)
