@@ -297,6 +297,29 @@ INTEGRATION_FILES = {
 }
 
 
+# What the whole suite writes under the temporary folder at its peak (a CI-like run on a clean
+# clone: about 5 GiB, docs/results/2026-12-07-ci-disk.md), with room for the gVisor sandboxes'
+# checkpoints, which refuse to write below 0.5 GiB free (envs/host/gvisor.py MIN_FREE_BYTES).
+DISK_NEEDED_GIB = 8
+
+
+def pytest_report_header(config):
+    """The free disk where the tests write, first in the output: with too little, the tests'
+    environments fail late in the run as `env_failure` (a checkpoint with no room), which reads
+    like a bug of the code under test."""
+    import tempfile
+
+    where = tempfile.gettempdir()
+    free = shutil.disk_usage(where).free / 2**30
+    line = f"disk: {free:.1f} GiB free under {where}"
+    if free < DISK_NEEDED_GIB:
+        line += (
+            f" -- LESS THAN THE {DISK_NEEDED_GIB} GiB THE SUITE NEEDS: environments will fail "
+            "(env_failure) once checkpoints find no room; free some space first"
+        )
+    return line
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
