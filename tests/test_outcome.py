@@ -46,10 +46,11 @@ PREREG = SimpleNamespace(
 
 
 def write_run(
-    root, arm, seed, rates, seconds_per_valid, comparable="same", tasks=40, steps=None
+    root, arm, seed, rates, seconds_per_valid, comparable="same", tasks=40, steps=None, start=1
 ) -> dict:
-    """One run's files, with one checkpoint per 32 valid trajectories and its held-out rates;
-    returns them as RunRecords.load takes them."""
+    """One run's files, with one checkpoint per 32 valid trajectories and its held-out rates
+    (`start=0`: the first rate is the warm start's, at 0 valid trajectories); returns them as
+    RunRecords.load takes them."""
     run = Path(root) / arm / f"seed{seed}"
     (run / "eval").mkdir(parents=True)
     pins = {
@@ -64,7 +65,7 @@ def write_run(
     }
     (run / "pins.json").write_text(json.dumps(pins))
     checkpoints, evaluations = [], []
-    for i, rate in enumerate(rates, 1):
+    for i, rate in enumerate(rates, start):
         name = f"ckpt-{i:03d}"
         valid = 32 * i
         checkpoints.append(

@@ -7,23 +7,21 @@ the same functions run in the real workflow's tests (test_answer, test_timing, t
 
 from __future__ import annotations
 
-import json
 import math
 from types import SimpleNamespace
 
 import pytest
-from test_outcome import PREREG, load, timing_execution, write_run
+from test_outcome import PREREG, load, timing_execution
 
 from envab.analysis import trace_replay
 from envab.analysis.blocks import blocked_ratio
 from envab.analysis.outcome import compute_outcome, render_markdown
 from envab.analysis.reward_consistency import consistency
-from envab.analysis.runs import RunRecords
 from envab.eval.replay import summary
-from envab.io import read_jsonl, write_jsonl
 from envab.preregistration import Control, PrimaryEndpoint
 
 RATES = [0.4, 0.45, 0.6]  # every run crosses 0.5 at its third look (96 valid trajectories)
+BOUND = {"rule": "lower_bound", "confidence": 0.95}  # the shipped target's crossing rule
 
 
 def _seconds(arm: str, seed: int, case: str) -> float:
@@ -132,18 +130,6 @@ def test_the_outcome_says_whether_its_timed_controls_back_its_speed(tmp_path, fa
     assert line in render_markdown(outcome).splitlines()
 
 
-def _with_warm_start(files: dict, rate: float, tasks: int = 40) -> RunRecords:
-    """The run of `files` with a scored warm start (a look at 0 valid trajectories) first."""
-    run = files["pins"].parent
-    outcomes = {f"t{k}": [int(k < round(rate * tasks))] for k in range(tasks)}
-    evaluation = run / "eval" / "ckpt-000.json"
-    evaluation.write_text(json.dumps({"scored": True, "success_rate": rate, "tasks": outcomes}))
-    looks = list(read_jsonl(files["checkpoints"]))
-    first = {**looks[0], "checkpoint": "ckpt-000", "due_at_valid": 0, "valid_trajectories": 0}
-    write_jsonl(files["checkpoints"], [{**first, "wall_clock_s": 0.0}, *looks])
-    return RunRecords.load(**{**files, "evaluations": [evaluation, *files["evaluations"]]})
-
-
 @pytest.mark.parametrize(
     ("warm", "words"),
     [
@@ -154,13 +140,26 @@ def _with_warm_start(files: dict, rate: float, tasks: int = 40) -> RunRecords:
     ],
 )  # fmt: skip
 def test_a_warm_start_at_the_bar_makes_the_outcome_uninformative(tmp_path, warm, words):
-    runs = [
-        _with_warm_start(write_run(tmp_path, arm, 1, RATES, 2.0), warm)
-        for arm in ("restore", "drums")
-    ]
-    outcome = compute_outcome(runs, PREREG)
+    # crossed by a confidence bound, as the shipped target is: 0.5 of 40 tasks does not cross
+    target = SimpleNamespace(**{**vars(PREREG.target), "crossing": BOUND})
+    prereg = SimpleNamespace(**{**vars(PREREG), "target": target})
+    runs = [load(tmp_path, arm, 1, [warm, *RATES], 2.0, start=0) for arm in ("restore", "drums")]
+    outcome = compute_outcome(runs, prereg)
     assert outcome["warm_start"]["uninformative"] == (warm >= 0.5)
     assert words in render_markdown(outcome)
+
+
+@pytest.mark.xfail(
+    raises=ValueError,
+    strict=True,
+    reason="analysis/outcome.py _tests: a run that crosses at the warm start's look (0 s on "
+    "the loop's clock) makes SeedTime refuse its time; _across_seeds catches that, _tests does "
+    "not. Pinned code: mended with the next registration, when this test must pass",
+)
+def test_a_run_that_crosses_at_its_warm_start_look_still_gets_an_outcome(tmp_path):
+    runs = [load(tmp_path, arm, 1, [0.6, *RATES], 2.0, start=0) for arm in ("restore", "drums")]
+    outcome = compute_outcome(runs, PREREG)  # first_crossing: crossed at 0 valid trajectories
+    assert outcome["warm_start"]["uninformative"]
 
 
 def _replayed(arm: str, seed: int, result: dict) -> SimpleNamespace:
