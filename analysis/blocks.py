@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 from scipy import stats
 
+from envab.analysis.statistics import t_test_of_zero
+
 
 def seconds_per_valid(window: dict, clock: str = "wall_clock_s") -> float:
     """One window's seconds per valid trajectory on `clock`: wall_clock_s, the training loop;
@@ -40,20 +42,15 @@ def blocked_ratio(
     if n < 2:
         return {**record, "p_value": None, "verdict": "not tested: fewer than two blocks"}
     mean = sum(log_ratios) / n
-    spread = max(log_ratios) - min(log_ratios)
-    if spread == 0:  # every block the same ratio: no spread to test against
-        low = high = mean
-        p = 0.0 if mean else 1.0
-    else:
-        test = stats.ttest_1samp(log_ratios, 0.0)
-        low, high = test.confidence_interval(1 - alpha)
-        p = float(test.pvalue)
+    test = t_test_of_zero(log_ratios, 1 - alpha)  # every block alike: the test's limit
     record.update(
         ratio=math.exp(mean),
-        interval=[math.exp(low), math.exp(high)],
+        interval=[math.exp(test["low"]), math.exp(test["high"])],
         mean_log_ratio=mean,
-        p_value=p,
+        p_value=test["p_value"],
     )
+    if test["no_spread"]:
+        record["no_spread"] = test["no_spread"]
     record["verdict"] = speed_verdict(record, smallest_effect)
     return record
 

@@ -34,7 +34,7 @@ from envab.analysis.crossing import (
     null_statement,
 )
 from envab.analysis.time_to_target import time_to_target
-from envab.envs.arms import files_beside
+from envab.envs.arms import files_beside, host_log_beside
 from envab.errors import Refusal, refused
 from envab.eval import workers
 from envab.eval.episodes import Protocol
@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 receipts,
                 files_beside(args.heldout),  # the files its tasks download, as frozen
                 args.cores,
+                host_log_beside(args.log),
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )

@@ -72,7 +72,6 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from envab import preregistration
 from envab.analysis.curve_difference import cluster_curve_test, detectable_gap, power_at
@@ -90,6 +89,7 @@ from envab.analysis.reward_consistency import (
     pooled,
 )
 from envab.analysis.runs import RunRecords
+from envab.analysis.statistics import t_test_of_zero
 from envab.analysis.time_to_target import time_to_target
 from envab.errors import Refusal, refused
 from envab.io import atomic_write_json, atomic_write_text
@@ -284,10 +284,7 @@ def added_time_test(timings: list[dict], alpha: float) -> dict:
     residual = added - np.array([t["predicted_added_s"] for t in rows], dtype=float)
 
     def p_of(x: np.ndarray, alternative: str) -> float:
-        if np.ptp(x) == 0:  # no spread: the sign of the mean decides
-            mean = float(x.mean())
-            return 1.0 if mean == 0 or (alternative == "greater" and mean < 0) else 0.0
-        return float(stats.ttest_1samp(x, 0.0, alternative=alternative).pvalue)
+        return t_test_of_zero(x, alternative=alternative)["p_value"]  # no spread: its limit
 
     p_residual, p_slower = p_of(residual, "two-sided"), p_of(added, "greater")
     out = {

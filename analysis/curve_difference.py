@@ -58,6 +58,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 from scipy import integrate, optimize, stats
 
+from envab.analysis.statistics import t_test_of_zero
 from envab.analysis.survival import MIN_FOR_TEST, NO_REPLICATION
 
 Arm = Mapping[Hashable, Mapping[int, Mapping[str, Sequence[int]]]]
@@ -124,9 +125,9 @@ def paired_curve_test(arm_a: Arm, arm_b: Arm, alpha: float) -> dict:
     }
     if len(seeds) < MIN_FOR_TEST:
         return {**result, "verdict": "no arm-level claim", "reason": NO_REPLICATION}
-    # Every seed the same difference leaves no spread to test against: identical curves (a
-    # replay) do not differ, a constant non-zero gap on every seed does.
-    p = (1.0 if d[0] == 0 else 0.0) if np.ptp(d) == 0 else float(stats.ttest_1samp(d, 0.0).pvalue)
+    # Every seed the same difference: the t test's limit (identical curves, a replay, do not
+    # differ; a constant non-zero gap on every seed does).
+    p = t_test_of_zero(d)["p_value"]
     return {**result, "p_value": p, "verdict": "differ" if p <= alpha else "not shown to differ"}
 
 
@@ -149,8 +150,8 @@ def two_way(d: np.ndarray) -> dict:
         "df": s - 1,
     }
     if total == 0:
-        # No spread between seeds and none between tasks beyond the residual: identical curves
-        # (a replay) do not differ, a constant non-zero gap on every seed does.
+        # No spread between seeds and none between tasks beyond the residual: the same limit as
+        # t_test_of_zero's (identical curves do not differ, a constant non-zero gap does).
         return {**out, "se": 0.0, "t": None, "p_value": 1.0 if mean == 0 else 0.0}
     se = float(np.sqrt(total / (s * t)))
     statistic = mean / se

@@ -278,9 +278,9 @@ def _tests(rows: list[dict], baseline: str, candidate: str, prereg) -> dict:
     tests = {}
     for axis in UNITS:
         budget = getattr(prereg.budget, UNITS[axis])
-        a, b = _times(rows, baseline, axis, prereg), _times(rows, candidate, axis, prereg)
-        replicated = min(len(a), len(b)) >= MIN_FOR_TEST
-        try:
+        try:  # a time it cannot take (a crossing at the warm start's look, 0 s): not tested
+            a, b = _times(rows, baseline, axis, prereg), _times(rows, candidate, axis, prereg)
+            replicated = min(len(a), len(b)) >= MIN_FOR_TEST
             tests[f"paired_time_ratio:{axis}"] = paired_t(a, b, budget)
             tests[f"logrank:{axis}"] = (
                 logrank(a, b)
@@ -339,6 +339,7 @@ def _secondary(tests_by_pair: dict, primary: PrimaryEndpoint) -> list[dict]:
                     "endpoint": name,
                     "p_value": test.get("p_value"),
                     "reason": test.get("reason"),
+                    "no_spread": test.get("no_spread"),
                 }
             )
     tested = [f for f in family if f["p_value"] is not None]
@@ -644,6 +645,8 @@ def _primary_line(p: dict) -> str:
         if p.get("interval_ratio"):
             low, high = p["interval_ratio"]
             line += f", 95 % t interval [{low:.3g}, {high:.3g}]"
+        if p.get("no_spread"):
+            line += f" ({p['no_spread']})"
     return line + "."
 
 
@@ -660,7 +663,9 @@ def _secondary_lines(secondary: list[dict]) -> list[str]:
         else:
             lines.append(
                 f"- {pair}, {f['endpoint']}: p {f['p_value']:.3g}, Holm-adjusted "
-                f"{f['p_holm']:.3g}" + (" (significant)" if f["significant"] else "")
+                f"{f['p_holm']:.3g}"
+                + (" (significant)" if f["significant"] else "")
+                + (f" ({f['no_spread']})" if f.get("no_spread") else "")
             )
     return lines or ["- –"]
 

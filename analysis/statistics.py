@@ -1,4 +1,5 @@
-"""Intervals and the learning-curve coincidence check, as pure functions.
+"""Intervals, the one t test of a mean of zero, and the learning-curve coincidence check, as
+pure functions.
 
 The coincidence check compares two arms' held-out success at matched numbers of valid
 trajectories. Both arms are evaluated on the same held-out tasks per the frozen protocol, so the
@@ -20,6 +21,41 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy import stats
+
+#: What a record says where every value was the same (`t_test_of_zero`).
+NO_SPREAD = "every value the same: the t test's limit as the spread goes to 0"
+
+
+def t_test_of_zero(values, confidence: float = 0.95, alternative: str = "two-sided") -> dict:
+    """scipy's one-sample t test of mean 0 over `values` (log ratios, differences), with its
+    interval, and the one rule every endpoint follows where every value is the same: scipy's
+    statistic is then undefined, and the answer is the test's limit as the spread goes to 0 -
+    p 0 where the mean lies on the alternative's side of 0, p 1 where it does not (a mean of 0:
+    identical arms do not differ), the interval the mean itself. Keys: p_value, statistic
+    (None without spread), low, high (on the values' scale), no_spread (NO_SPREAD or None)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        raise ValueError("a t test needs at least two values")
+    mean = float(x.mean())
+    if np.ptp(x) == 0:
+        sided = {"two-sided": mean != 0, "greater": mean > 0, "less": mean < 0}[alternative]
+        return {
+            "p_value": 0.0 if sided else 1.0,
+            "statistic": None,
+            "low": mean,
+            "high": mean,
+            "no_spread": NO_SPREAD,
+        }
+    test = stats.ttest_1samp(x, 0.0, alternative=alternative)
+    ci = test.confidence_interval(confidence)
+    return {
+        "p_value": float(test.pvalue),
+        "statistic": float(test.statistic),
+        "low": float(ci.low),
+        "high": float(ci.high),
+        "no_spread": None,
+    }
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -47,9 +47,11 @@ from lifelines.statistics import logrank_test
 from lifelines.utils import restricted_mean_survival_time
 from pandas.errors import Pandas4Warning
 from rliable.metrics import probability_of_improvement as _rliable_poi
-from scipy.stats import bootstrap, mannwhitneyu, ttest_1samp
+from scipy.stats import bootstrap, mannwhitneyu
 from statsmodels.stats.power import TTestPower
 from statsmodels.tools.sm_exceptions import ConvergenceWarning
+
+from envab.analysis.statistics import t_test_of_zero
 
 MIN_FOR_INTERVAL = 3  # fewer seeds (pairs) than this: a bootstrap over seeds gives no interval
 MIN_FOR_TEST = 2  # fewer seeds per arm than this: no replication, so no p-value
@@ -370,16 +372,14 @@ def paired_t(
     if len(logs) < MIN_FOR_TEST:
         result["reason"] = f"{len(logs)} paired seed(s): {NO_REPLICATION}"
         return result
-    if np.ptp(logs) == 0:
-        result["reason"] = "every pair has the same log ratio: no spread to test against"
-        return result
-    test = ttest_1samp(logs, 0.0)
-    ci = test.confidence_interval(confidence)
+    test = t_test_of_zero(logs, confidence)  # every pair alike: the test's limit
     result.update(
-        p_value=float(test.pvalue),
-        statistic=float(test.statistic),
-        interval_ratio=[math.exp(float(ci.low)), math.exp(float(ci.high))],
+        p_value=test["p_value"],
+        statistic=test["statistic"],
+        interval_ratio=[math.exp(test["low"]), math.exp(test["high"])],
     )
+    if test["no_spread"]:
+        result["no_spread"] = test["no_spread"]
     return result
 
 

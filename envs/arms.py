@@ -22,7 +22,7 @@ from envab.envs.host.runc import runc_problem
 from envab.envs.protocol import Backend
 from envab.envs.qemu.pool import QemuConfig, QemuPool
 
-__all__ = ["ArmError", "arm_settings", "open_arm"]
+__all__ = ["ArmError", "arm_settings", "host_log_beside", "open_arm"]
 
 
 @contextmanager
@@ -101,6 +101,13 @@ def open_arm(
             yield backend
     except DrumsError as e:
         raise ArmError(str(e)) from None
+
+
+def host_log_beside(log: str | Path | None) -> str | None:
+    """Where a job whose log is `log` keeps its embedded host's log: beside it, `<name>.host.log`
+    (as the training rule names it). The host's reason for an `env_failure` (no room for a
+    checkpoint, a sandbox that would not start) is only there; None where the job has no log."""
+    return None if log is None else str(Path(log).with_suffix(".host.log"))
 
 
 def files_beside(tasks: str | Path) -> Path | None:

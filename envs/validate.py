@@ -118,10 +118,14 @@ def arm_argument(text: str) -> dict:
 
 @contextlib.contextmanager
 def open_backend(
-    url: str | None = None, embedded: str | None = None, arm: Mapping | None = None
+    url: str | None = None,
+    embedded: str | None = None,
+    arm: Mapping | None = None,
+    host_log: str | None = None,
 ) -> Iterator[object]:
     """The backend the CLI validates on: in-process by default, else the arm its flags name
-    (--url: a Drums host; --embedded MODE: the embedded host; --arm: any arm of config.yaml)."""
+    (--url: a Drums host; --embedded MODE: the embedded host; --arm: any arm of config.yaml);
+    an embedded host appends its log to `host_log`."""
     if url is not None:
         arm = {"backend": "drums", "url": url}
     elif embedded is not None:
@@ -129,7 +133,7 @@ def open_backend(
     if arm is None:
         yield LocalBackend()
         return
-    with open_arm(arm) as backend:
+    with open_arm(arm, log_path=host_log) as backend:
         yield backend
 
 
@@ -138,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=Path, required=True)
     p.add_argument("--solutions", type=Path, required=True)
     p.add_argument("--report", type=Path, help="write every play's score and verdict as JSON")
+    p.add_argument(
+        "--host-log", help="where an embedded host appends its log (its reasons for env_failure)"
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--url", help="validate on this Drums host (default: in-process)")
     where.add_argument(
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         return refused(e, prefix="cannot read the task set")
     try:
-        with open_backend(args.url, args.embedded, args.arm) as backend:
+        with open_backend(args.url, args.embedded, args.arm, args.host_log) as backend:
             results = validate(backend.create, tasks, solutions)
     except ArmError as e:  # e.g. --url embedded, which names no mode
         return refused(e, prefix="cannot open the arm")

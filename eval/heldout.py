@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from envab import machine_load, preregistration
-from envab.envs.arms import ArmError, files_beside
+from envab.envs.arms import ArmError, files_beside, host_log_beside
 from envab.eval import workers
 from envab.eval.episodes import Protocol, summary
 from envab.eval.reuse import Store, evaluated_once, evaluation_key
@@ -114,6 +114,7 @@ def play_checkpoint(
     receipts: Receipts,
     files: Path | None = None,
     cores: int = 1,
+    host_log: str | None = None,
 ) -> dict:
     """Load the checkpoint and play every episode of `protocol` on the evaluation arm (`backend`,
     its config; the console hears "<n> <what>" first), on the job's `cores` (eval/workers.py):
@@ -130,6 +131,7 @@ def play_checkpoint(
         protocol=protocol,
         backend=backend,
         files=files,  # the tasks' frozen downloads
+        host_log=host_log,  # an embedded host's reasons for an env_failure
     )
     processes = workers.processes_for(compute, cores, len(tasks), backend)
     episodes = len(tasks) * len(protocol.seeds) * protocol.episodes_per_task
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 receipts,
                 files_beside(args.heldout),
                 args.cores,
+                host_log_beside(args.log),
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
         )

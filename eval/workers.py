@@ -48,6 +48,7 @@ class Player:
     protocol: Protocol
     backend: dict  # the evaluation arm's config
     files: Path | None  # the tasks' frozen downloads
+    host_log: str | None = None  # where an embedded host appends its log (every process)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def play_shard(player: Player, tasks: list[dict], log: Callable[[dict], None]) -
     protocol = player.protocol
     with ThreadPoolExecutor(max_workers=1) as loader:
         loading = loader.submit(_policy, player)
-        with open_arm(player.backend, files=player.files) as arm:
+        with open_arm(player.backend, files=player.files, log_path=player.host_log) as arm:
             policy = loading.result()
             episodes = play_tasks(policy, arm, tasks, protocol, log=log)
     return Played(episodes, policy.generation_s, protocol.generation.settings(policy.tokenizer))

@@ -245,6 +245,15 @@ def test_the_console_shows_each_jobs_log_and_progress(answered):
     assert not any("Traceback" in line for line in console)  # tracebacks stay in the logs
 
 
+def test_every_job_that_played_on_an_embedded_host_kept_the_hosts_log_beside_its_own(answered):
+    # the host's reasons for an env_failure (no room for a checkpoint) are only in its log
+    logs = answered.root / "logs" / EXP
+    kept = {p.name for p in logs.glob("*.host.log") if p.stat().st_size > 0}
+    assert "sft.host.log" in kept, sorted(kept)  # the warm start's demonstrations
+    assert any(name.startswith("eval_") for name in kept), sorted(kept)  # the held-out workers
+    assert all((logs / name.replace(".host.log", ".log")).is_file() for name in kept)
+
+
 def test_outcome_has_both_arms_and_a_verdict(answered):
     outcome = json.loads((answered.root / RESULTS / "outcome.json").read_text())
     assert sorted((r["arm"], r["seed"]) for r in outcome["runs"]) == [("drums", 1), ("restore", 1)]

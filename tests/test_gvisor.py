@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -326,3 +327,32 @@ def test_a_fork_without_room_on_disk_loses_that_environment_not_the_host(monkeyp
         assert again["valid"]
     finally:
         pool.stop()
+
+
+PIDS = Path("/sys/fs/cgroup/pids")
+
+
+@pytest.mark.skipif(
+    not os.access(PIDS, os.W_OK), reason="needs a writable cgroup v1 pids controller (root)"
+)
+def test_a_killed_hosts_empty_sandbox_cgroups_are_swept_and_a_live_one_is_kept():
+    from envab.envs.host.gvisor import sweep_leaked_cgroups
+
+    leaked, live = PIDS / "env-0feedface000", PIDS / "env-0feedface001"
+    leaked.mkdir()
+    live.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (live / "cgroup.procs").write_text(str(sleeper.pid))
+        # a cgroup made moments ago may be a sandbox another host is starting: kept
+        # (only this test's names: other tests' sandboxes start and stop beside it)
+        mine = {"root": PIDS.parent, "names": "env-0feedface*"}
+        assert sweep_leaked_cgroups(**mine) == 0 and leaked.is_dir()
+        assert sweep_leaked_cgroups(**mine, older_than_s=0) == 1
+        assert not leaked.exists() and live.is_dir()  # a process in it: not leaked
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for group in (leaked, live):
+            with contextlib.suppress(OSError):
+                group.rmdir()

@@ -172,16 +172,18 @@ def test_the_cli_exits_non_zero_naming_the_rejected_task(tmp_path):
     assert list(read_jsonl(tmp_path / "solutions.jsonl")) == solutions
 
 
-def test_the_validator_runs_over_the_real_embedded_host():
+def test_the_validator_runs_over_the_real_embedded_host(tmp_path):
     tasks, solutions = build(seed=1, per_family=1)
     tasks[0] = copy.deepcopy(tasks[0])
     tasks[0]["evaluator"]["initial_state_sha256"] = "f" * 64  # a set-up that is not the task's
-    with open_backend(None, "fork") as backend:
+    host_log = tmp_path / "host.log"  # where its reasons for an env_failure would be
+    with open_backend(None, "fork", host_log=str(host_log)) as backend:
         assert type(backend).__name__ == "DrumsBackend"
         results = validate(backend.create, tasks, solutions)
     assert rejected(results) == [tasks[0]["id"]], [(r.id, r.reasons) for r in results]
     assert results[0].reasons[0] == "noop was invalid (state_mismatch)"
     assert all(len(r.plays) >= 3 for r in results)
+    assert host_log.stat().st_size > 0
 
 
 def test_the_cli_validates_on_the_arm_its_arm_flag_names(tmp_path):

@@ -1,6 +1,6 @@
 """Every verdict the outcome prints, shown flipping on the input that should flip it, where no
-other test did: the primary endpoint on time to target (faster, slower, no difference, not
-tested), a slowdown inside the smallest effect, the speed endpoint of an answer given no blocks,
+other test did: the primary endpoint on time to target (faster, slower, no difference, every pair
+alike), a slowdown inside the smallest effect, the speed endpoint of an answer given no blocks,
 the line over the timed controls, the warm start's rule, a replay with nothing to replay, and a
 run's reward consistency. Each case is the real function on the smallest input that decides it;
 the same functions run in the real workflow's tests (test_answer, test_timing, test_replay)."""
@@ -17,6 +17,8 @@ from envab.analysis import trace_replay
 from envab.analysis.blocks import blocked_ratio
 from envab.analysis.outcome import compute_outcome, render_markdown
 from envab.analysis.reward_consistency import consistency
+from envab.analysis.statistics import NO_SPREAD, t_test_of_zero
+from envab.analysis.survival import SeedTime, paired_t
 from envab.eval.replay import summary
 from envab.preregistration import Control, PrimaryEndpoint
 
@@ -29,14 +31,15 @@ def _seconds(arm: str, seed: int, case: str) -> float:
     seed; the candidate (drums) is faster, slower, the same up to noise, or exactly half."""
     base = 2.0 + 0.1 * seed
     if arm == "restore":
-        return 2.0 if case == "constant" else base
+        return 2.0 if case in ("constant", "identical") else base
     return {
         "faster": 1.0 + 0.2 * seed,
         "slower": 3.0 + 0.2 * seed,
         # 10 % either way by seed: the log ratios cancel, nothing to find
         "same": base * (1.1 if seed % 2 else 1 / 1.1),
-        # every pair in exactly the same ratio: no spread to test against
+        # every pair in exactly the same ratio, no spread: the t test's limit decides
         "constant": 1.0,
+        "identical": 2.0,
     }[case]
 
 
@@ -46,10 +49,8 @@ def _seconds(arm: str, seed: int, case: str) -> float:
         ("faster", "drums faster"),
         ("slower", "drums slower"),
         ("same", "no difference shown at alpha 0.05"),
-        (
-            "constant",
-            "not tested: every pair has the same log ratio: no spread to test against",
-        ),
+        ("constant", "drums faster"),  # every pair exactly half: p 0, as the blocks say
+        ("identical", "no difference shown at alpha 0.05"),  # every pair exactly 1: p 1
     ],
 )
 def test_the_primary_on_time_to_target_says_each_verdict_on_its_input(tmp_path, case, verdict):
@@ -63,6 +64,25 @@ def test_the_primary_on_time_to_target_says_each_verdict_on_its_input(tmp_path, 
     assert primary["endpoint"] == "paired_time_ratio:wall_clock_s"
     assert primary["verdict"] == verdict, primary
     assert f"**drums vs restore: {verdict}.**" in render_markdown(outcome)
+    alike = case in ("constant", "identical")
+    (line,) = [
+        x for x in render_markdown(outcome).splitlines() if f"**drums vs restore: {verdict}.**" in x
+    ]
+    assert (NO_SPREAD in line) == alike, line
+
+
+def test_one_rule_where_every_value_is_the_same_in_blocks_seeds_and_controls():
+    # the time-to-target t test, the blocks' and the curves' each take the t test's limit
+    seeds = [SeedTime(s, True, 10.0) for s in (1, 2, 3)]  # the same times: exactly alike
+    halved = [SeedTime(r.seed, True, r.time / 2) for r in seeds]
+    alike = [paired_t(seeds, halved, 100)["p_value"], blocked_ratio([math.log(0.5)] * 3, 0.05)]
+    assert alike[0] == alike[1]["p_value"] == 0.0
+    assert paired_t(seeds, seeds, 100)["p_value"] == blocked_ratio([0.0] * 3, 0.05)["p_value"] == 1
+    assert t_test_of_zero([0.0] * 3)["no_spread"] == NO_SPREAD
+    assert t_test_of_zero([0.1, 0.2, 0.3])["no_spread"] is None
+    # one-sided, as the handicap control asks: a constant gap the wrong way is no evidence
+    assert t_test_of_zero([-1.0] * 3, alternative="greater")["p_value"] == 1.0
+    assert t_test_of_zero([1.0] * 3, alternative="greater")["p_value"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -149,17 +169,13 @@ def test_a_warm_start_at_the_bar_makes_the_outcome_uninformative(tmp_path, warm,
     assert words in render_markdown(outcome)
 
 
-@pytest.mark.xfail(
-    raises=ValueError,
-    strict=True,
-    reason="analysis/outcome.py _tests: a run that crosses at the warm start's look (0 s on "
-    "the loop's clock) makes SeedTime refuse its time; _across_seeds catches that, _tests does "
-    "not. Pinned code: mended with the next registration, when this test must pass",
-)
 def test_a_run_that_crosses_at_its_warm_start_look_still_gets_an_outcome(tmp_path):
     runs = [load(tmp_path, arm, 1, [0.6, *RATES], 2.0, start=0) for arm in ("restore", "drums")]
     outcome = compute_outcome(runs, PREREG)  # first_crossing: crossed at 0 valid trajectories
     assert outcome["warm_start"]["uninformative"]
+    (primary,) = outcome["primary"]  # no time to take a ratio of: said, not a crash
+    assert primary["verdict"].startswith("not tested: "), primary
+    assert "Uninformative: the warm start already meets the target" in render_markdown(outcome)
 
 
 def _replayed(arm: str, seed: int, result: dict) -> SimpleNamespace:

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from envab import preregistration
-from envab.envs.arms import files_beside, open_arm
+from envab.envs.arms import files_beside, host_log_beside, open_arm
 from envab.envs.protocol import Backend
 from envab.envs.tasks.build import cue_shuffled
 from envab.errors import Refusal, refused
@@ -123,7 +123,9 @@ def train(args, console: Console) -> dict:
     check_split_file(args.tasks, receipts, "train")
     tasks = list(read_jsonl(args.tasks))
     solutions = {s["id"]: s for s in read_jsonl(args.solutions)}
-    with open_arm(json.loads(args.arm), files=files_beside(args.tasks)) as backend:
+    with open_arm(
+        json.loads(args.arm), files=files_beside(args.tasks), log_path=host_log_beside(args.log)
+    ) as backend:
         demos = demonstrations(
             tasks, solutions, guard, tools, backend, settings.get("cue", "shown")
         )

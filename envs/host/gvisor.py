@@ -63,6 +63,32 @@ MIN_FREE_BYTES = 512 * 2**20  # left free on the images' disk after any checkpoi
 PLATFORM = "ptrace"
 
 
+CGROUPS = Path("/sys/fs/cgroup")
+LEAKED_AFTER_S = 3600.0  # an empty sandbox cgroup this old belongs to no host still starting it
+
+
+def sweep_leaked_cgroups(
+    root: Path = CGROUPS, older_than_s: float = LEAKED_AFTER_S, names: str = "env-*"
+) -> int:
+    """Remove the empty cgroups a killed host's sandboxes left (`<controller>/env-<id>`, the
+    sandboxes' `names`: `runsc delete` removes them, a host killed before it could does not);
+    returns how many. Only an empty one (no process in `cgroup.procs`) older than
+    `older_than_s` goes: another host's sandbox that is starting has its cgroup made moments
+    before its first process."""
+    swept, now = 0, time.time()
+    for group in root.glob(f"*/{names}"):
+        try:
+            if now - group.stat().st_mtime < older_than_s:
+                continue
+            if (group / "cgroup.procs").read_text().strip():
+                continue
+            group.rmdir()  # a cgroup folder goes with its control files; refused while in use
+            swept += 1
+        except OSError:  # gone meanwhile, in use, or not ours to remove: left as it is
+            continue
+    return swept
+
+
 class SandboxUnavailable(Refusal, RuntimeError):
     """A sandbox cannot run here (gVisor, runc's container, the namespace sandbox): the message
     names which, why, and what to do."""
@@ -243,6 +269,7 @@ class Gvisor:
         problem = self._problem()
         if problem:
             raise SandboxUnavailable(f"the {self.name} sandbox cannot run: {problem}")
+        sweep_leaked_cgroups()  # what an earlier host, killed, left behind
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or scratch.make("envab-gvisor-")).resolve()
         self.root = self.workdir / "state"
