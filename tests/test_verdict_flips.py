@@ -1,8 +1,9 @@
 """Every verdict the outcome prints, shown flipping on the input that should flip it, where no
 other test did: the primary endpoint on time to target (faster, slower, no difference, every pair
 alike), a slowdown inside the smallest effect, the speed endpoint of an answer given no blocks,
-the line over the timed controls, the warm start's rule, a replay with nothing to replay, and a
-run's reward consistency. Each case is the real function on the smallest input that decides it;
+the line over the timed controls, the warm start's rule, a replay with nothing to replay, a
+run's reward consistency, a control not run, determinism not judged, a secondary test's
+significance and the run table's confirmation column. Each case is the real function on the smallest input that decides it;
 the same functions run in the real workflow's tests (test_answer, test_timing, test_replay)."""
 
 from __future__ import annotations
@@ -11,16 +12,20 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from test_outcome import PREREG, load, timing_execution
+from test_controls import PREREG as CONTROLS_PREREG
+from test_controls import RATES as CONTROL_RATES
+from test_controls import run as controls_run
+from test_outcome import PREREG, confirmed_load, load, timing_execution
 
-from envab.analysis import trace_replay
+from envab.analysis import controls, trace_replay
 from envab.analysis.blocks import blocked_ratio
+from envab.analysis.controls import judge
 from envab.analysis.outcome import compute_outcome, render_markdown
 from envab.analysis.reward_consistency import consistency
 from envab.analysis.statistics import NO_SPREAD, t_test_of_zero
 from envab.analysis.survival import SeedTime, paired_t
 from envab.eval.replay import summary
-from envab.preregistration import Control, PrimaryEndpoint
+from envab.preregistration import ConfirmationProtocol, Control, PrimaryEndpoint
 
 RATES = [0.4, 0.45, 0.6]  # every run crosses 0.5 at its third look (96 valid trajectories)
 BOUND = {"rule": "lower_bound", "confidence": 0.95}  # the shipped target's crossing rule
@@ -212,3 +217,73 @@ def test_a_runs_rewards_are_consistent_until_one_repeat_of_the_same_actions_disa
     assert consistency([attempt(1.0), attempt(1.0)])["verdict"] == "consistent"
     flipped = consistency([attempt(1.0), attempt(0.0)])
     assert (flipped["verdict"], flipped["disagreeing_groups"]) == ("disagreement", 1)
+
+
+def test_a_control_with_no_seed_on_both_arms_is_not_run_and_one_seed_judges_it(tmp_path):
+    aa = Control("aa", "drums", "same")
+    base = controls_run(tmp_path / "a", "drums", CONTROL_RATES, 1.0)
+    same = controls_run(tmp_path / "b", "drums-aa", CONTROL_RATES, 1.0)
+    missing = judge(aa, [base], [], CONTROLS_PREREG)
+    assert (missing["verdict"], missing["reason"]) == ("not run", "no seed ran on both arms")
+    assert "| **not run** |" in controls.render_markdown([missing])
+    assert judge(aa, [base], [same], CONTROLS_PREREG)["verdict"] == "as expected"
+
+
+@pytest.mark.parametrize(
+    ("seeds", "verdict"),
+    [
+        ([], "not judged"),  # no A/A compared step digests: the registered rules, unjudged
+        ([{"seed": 1, "divergence": {"verdict": "never"}}], "as expected"),
+        ([{"seed": 1, "divergence": {"verdict": "diverged", "step": 3}}], "NOT as expected"),
+    ],
+)
+def test_registered_determinism_is_judged_only_where_an_a_a_compared_its_steps(seeds, verdict):
+    prereg = SimpleNamespace(determinism="expected")
+    judged = controls.determinism(prereg, [{"name": "aa", "seeds": seeds}])
+    assert judged["verdict"] == verdict
+    assert f"| **{verdict}** |" in controls.render_markdown([], judged)
+
+
+@pytest.mark.parametrize(("case", "significant"), [("faster", True), ("same", False)])
+def test_a_secondary_test_is_significant_only_where_holms_rule_says_so(tmp_path, case, significant):
+    runs = [
+        load(tmp_path, arm, s, RATES, _seconds(arm, s, case))
+        for arm in ("restore", "drums")
+        for s in (1, 2, 3, 4, 5, 6)
+    ]
+    outcome = compute_outcome(runs, PREREG)
+    (logrank,) = [f for f in outcome["secondary"] if f["endpoint"] == "logrank:wall_clock_s"]
+    assert logrank["significant"] is significant, logrank
+    (line,) = [x for x in render_markdown(outcome).splitlines() if "logrank:wall_clock_s" in x]
+    assert ("(significant)" in line) is significant, line
+
+
+def test_the_run_tables_confirmation_column_says_not_registered_or_the_verdict(tmp_path):
+    plain = [load(tmp_path / "p", arm, 1, RATES, 2.0) for arm in ("restore", "drums")]
+    assert "| not registered |" in render_markdown(compute_outcome(plain, PREREG))
+    prereg = SimpleNamespace(
+        **vars(PREREG), confirmation=ConfirmationProtocol(0.05, 0.05, 0.8, 1000)
+    )
+    confirmed = [
+        confirmed_load(tmp_path / "c", arm, 1, RATES, 2.0, "confirmed", "ckpt-003")
+        for arm in ("restore", "drums")
+    ]
+    text = render_markdown(compute_outcome(confirmed, prereg))
+    assert "| not registered |" not in text and "| confirmed: " in text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="analysis/outcome.py _confirmation_text reads a missing confirm.json as 'not "
+    "registered' even where the registration has a confirmation (the crossing itself is "
+    "rightly not counted: 'no confirmatory evaluation'). The workflow always writes the "
+    "record, so no registered run shows it. Pinned code: mended with the next registration",
+)
+def test_a_registered_confirmation_with_no_record_is_never_called_not_registered(tmp_path):
+    prereg = SimpleNamespace(
+        **vars(PREREG), confirmation=ConfirmationProtocol(0.05, 0.05, 0.8, 1000)
+    )
+    runs = [load(tmp_path, arm, 1, RATES, 2.0) for arm in ("restore", "drums")]
+    text = render_markdown(compute_outcome(runs, prereg))
+    assert "(crossed at ckpt-003: no confirmatory evaluation)" in text
+    assert "| not registered |" not in text
