@@ -246,11 +246,11 @@ def test_the_console_shows_each_jobs_log_and_progress(answered):
 
 
 def test_every_job_that_played_on_an_embedded_host_kept_the_hosts_log_beside_its_own(answered):
-    # the host's reasons for an env_failure (no room for a checkpoint) are only in its log
+    # the host's reasons for an env_failure (no room for a checkpoint) are only in its log; the
+    # evaluation workers' (every evaluation here is the judge's, reused): test_eval_corruption_run
     logs = answered.root / "logs" / EXP
     kept = {p.name for p in logs.glob("*.host.log") if p.stat().st_size > 0}
     assert "sft.host.log" in kept, sorted(kept)  # the warm start's demonstrations
-    assert any(name.startswith("eval_") for name in kept), sorted(kept)  # the held-out workers
     assert all((logs / name.replace(".host.log", ".log")).is_file() for name in kept)
 
 

@@ -63,3 +63,16 @@ def test_the_evaluation_corruption_is_caught_in_a_real_run(judged):
         assert record["evaluation_key"] == base["evaluation_key"]
         reported_record = json.loads((run / "eval" / name).read_text())
         assert reported_record["evaluation_key"] != base["evaluation_key"]
+
+
+def test_each_evaluation_that_played_kept_its_hosts_log_beside_its_own(judged):
+    # the evaluation workers' embedded host: its reasons for an env_failure are only there
+    logs = judged.root / "logs" / EXP
+    played = [
+        p
+        for p in logs.glob("eval_drums-evalflip_*.log")
+        if not p.name.endswith(".host.log") and "reused" not in p.read_text()
+    ]
+    assert played, sorted(p.name for p in logs.iterdir())
+    for log in played:
+        assert log.with_suffix(".host.log").stat().st_size > 0, log.name

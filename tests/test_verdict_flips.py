@@ -3,8 +3,9 @@ other test did: the primary endpoint on time to target (faster, slower, no diffe
 alike), a slowdown inside the smallest effect, the speed endpoint of an answer given no blocks,
 the line over the timed controls, the warm start's rule, a replay with nothing to replay, a
 run's reward consistency, a control not run, determinism not judged, a secondary test's
-significance and the run table's confirmation column. Each case is the real function on the smallest input that decides it;
-the same functions run in the real workflow's tests (test_answer, test_timing, test_replay)."""
+significance and the run table's confirmation column. Each case is the real function on the
+smallest input that decides it; the same functions run in the real workflow's tests
+(test_answer, test_timing, test_replay)."""
 
 from __future__ import annotations
 
