@@ -30,6 +30,10 @@ from envab.preregistration import ConfirmationProtocol, Control, PrimaryEndpoint
 
 RATES = [0.4, 0.45, 0.6]  # every run crosses 0.5 at its third look (96 valid trajectories)
 BOUND = {"rule": "lower_bound", "confidence": 0.95}  # the shipped target's crossing rule
+# PREREG with a confirmation registered: a crossing counts only where confirm.json confirmed it
+CONFIRMING = SimpleNamespace(
+    **vars(PREREG), confirmation=ConfirmationProtocol(0.05, 0.05, 0.8, 1000)
+)
 
 
 def _seconds(arm: str, seed: int, case: str) -> float:
@@ -77,8 +81,8 @@ def test_the_primary_on_time_to_target_says_each_verdict_on_its_input(tmp_path, 
     assert (NO_SPREAD in line) == alike, line
 
 
-def test_one_rule_where_every_value_is_the_same_in_blocks_seeds_and_controls():
-    # the time-to-target t test, the blocks' and the curves' each take the t test's limit
+def test_one_rule_where_every_value_is_the_same_for_seeds_blocks_and_one_sided_tests():
+    # the time-to-target t test and the blocks' take the t test's limit alike
     seeds = [SeedTime(s, True, 10.0) for s in (1, 2, 3)]  # the same times: exactly alike
     halved = [SeedTime(r.seed, True, r.time / 2) for r in seeds]
     alike = [paired_t(seeds, halved, 100)["p_value"], blocked_ratio([math.log(0.5)] * 3, 0.05)]
@@ -262,9 +266,7 @@ def test_a_secondary_test_is_significant_only_where_holms_rule_says_so(tmp_path,
 def test_the_run_tables_confirmation_column_says_not_registered_or_the_verdict(tmp_path):
     plain = [load(tmp_path / "p", arm, 1, RATES, 2.0) for arm in ("restore", "drums")]
     assert "| not registered |" in render_markdown(compute_outcome(plain, PREREG))
-    prereg = SimpleNamespace(
-        **vars(PREREG), confirmation=ConfirmationProtocol(0.05, 0.05, 0.8, 1000)
-    )
+    prereg = CONFIRMING
     confirmed = [
         confirmed_load(tmp_path / "c", arm, 1, RATES, 2.0, "confirmed", "ckpt-003")
         for arm in ("restore", "drums")
@@ -281,9 +283,7 @@ def test_the_run_tables_confirmation_column_says_not_registered_or_the_verdict(t
     "record, so no registered run shows it. Pinned code: mended with the next registration",
 )
 def test_a_registered_confirmation_with_no_record_is_never_called_not_registered(tmp_path):
-    prereg = SimpleNamespace(
-        **vars(PREREG), confirmation=ConfirmationProtocol(0.05, 0.05, 0.8, 1000)
-    )
+    prereg = CONFIRMING
     runs = [load(tmp_path, arm, 1, RATES, 2.0) for arm in ("restore", "drums")]
     text = render_markdown(compute_outcome(runs, prereg))
     assert "(crossed at ckpt-003: no confirmatory evaluation)" in text
