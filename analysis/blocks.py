@@ -134,6 +134,14 @@ def judge_blocks(
         for b in kept
     ]
     sensitivity = trimmed(logs)
+    judged = blocked_ratio(logs, alpha, smallest_effect)
+    if len(kept) < 2 and len(last) > len(kept):
+        # say why there are too few: the registered rule refused the others (v17's whole job
+        # under load read "fewer than two blocks", which named no cause)
+        judged["verdict"] = (
+            f"not tested: the admissibility rule (load, steal, a finished window) kept "
+            f"{len(kept)} of {len(last)} blocks, fewer than two"
+        )
     return {
         "baseline": baseline,
         "candidate": candidate,
@@ -142,7 +150,7 @@ def judge_blocks(
         "blocks_registered": len(last),
         "blocks_kept": [b["block"] for b in kept],
         "log_ratios": logs,
-        **blocked_ratio(logs, alpha, smallest_effect),
+        **judged,
         "power_at_smallest": (
             power_at_smallest(logs, alpha, smallest_effect) if smallest_effect else None
         ),

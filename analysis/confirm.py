@@ -34,7 +34,7 @@ from envab.analysis.crossing import (
     null_statement,
 )
 from envab.analysis.time_to_target import time_to_target
-from envab.envs.arms import files_beside, host_log_beside
+from envab.envs.arms import files_beside
 from envab.errors import Refusal, refused
 from envab.eval import workers
 from envab.eval.episodes import Protocol
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
     workers.add_cores_argument(parser)
+    workers.add_host_log_argument(parser)
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent
     console = job_console(f"confirm {run_dir.parent.name} {run_dir.name}", args.log)
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 receipts,
                 files_beside(args.heldout),  # the files its tasks download, as frozen
                 args.cores,
-                host_log_beside(args.log),
+                workers.host_log_of(args),
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/confirm",
         )

@@ -110,7 +110,9 @@ def _row(run: RunRecords, prereg: Preregistration) -> dict:
         # played for another run's identical checkpoint (eval/reuse.py); the figures above are
         # still what evaluating this run's checkpoints costs
         "reused_evaluations": sum(bool(e.get("reused")) for e in run.evaluations.values()),
-        "confirmation": _confirmation(run.confirmation),
+        "confirmation": _confirmation(
+            run.confirmation, getattr(prereg, "confirmation", None) is not None
+        ),
         # secondary, descriptive: same task, same actions, same reward? (a flaky verifier shows)
         "reward_consistency": consistency(run.trajectories),
     }
@@ -154,11 +156,13 @@ def warm_start(rows: list[dict], threshold: float) -> dict:
     }
 
 
-def _confirmation(record: dict | None) -> dict | None:
+def _confirmation(record: dict | None, registered: bool) -> dict | None:
     """The confirmatory evaluation's verdict on the accepted crossing, when one was registered,
-    with its null in words (what "confirmed" rules out)."""
+    with its null in words (what "confirmed" rules out). A registered one with no record says
+    so: the run's crossing is not counted (crossing.py), and its row must not read "not
+    registered"."""
     if record is None:
-        return None
+        return {"verdict": "no confirmatory evaluation"} if registered else None
     test = record.get("test") or {}
     return {
         "verdict": record["verdict"],

@@ -155,10 +155,13 @@ def _window_cell(window: dict, clock: str) -> str:
 def _load_cell(window: dict) -> str:
     parts = []
     for key, label in (
+        ("outside_demand", "wanted"),  # what the load rule judges (trainer/timing.py)
         ("outside_load", "out"),
         ("steal_fraction", "steal"),
         ("cpu_pressure_some", "PSI"),
     ):
+        if key not in window and key == "outside_demand":
+            continue  # a record from before v18, which measured no demand
         value = window.get(key)
         parts.append(f"{label} {value:.2f}" if value is not None else f"{label} –")
     return ", ".join(parts)

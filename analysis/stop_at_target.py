@@ -76,6 +76,8 @@ def judge(args) -> dict:
         *("--target", args.target, "--receipts", *args.receipts, "--pins", args.pins),
         *("--checkpoint-records", args.checkpoint_records, "--heldout", args.heldout),
         *("--store", args.store, "--cores", str(args.cores)),
+        # the evaluations it plays keep their embedded host's log, as the eval rule's do
+        *("--host-log", str(judged / "host.log")),
     ]
     records = list(read_jsonl(args.checkpoint_records))
     evals = {}

@@ -79,3 +79,91 @@ def since(start: Snapshot) -> dict:
             record["steal_fraction"] = (delta[7] if len(delta) > 7 else 0) / total
             record["machine_busy_fraction"] = 1 - idle / total
     return record
+
+
+# What the load beside a run *wanted*, not what it got. The CPU time outside processes obtain
+# depends on the run beside them: an arm that keeps every core busy leaves a steady outside job
+# less CPU than an arm that waits, so "outside load obtained" differs between the arms of a block
+# under the very same outside job (v17's whole job under a registered load: drums 0.24-0.26,
+# qemu 0.12-0.14, every block refused). The time an outside thread spent running *or waiting to
+# run* (the kernel's per-thread schedstat) is what it asked for, whichever arm ran beside it.
+PROC = Path("/proc")
+Thread = tuple[int, int]  # (tid, start time in ticks since boot): a tid the kernel reused is new
+
+
+def _stat_fields(path: Path) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces and parentheses):
+    [0] is the state (field 3), [1] the parent pid (field 4), [19] the start time (field 22)."""
+    text = path.read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _tree(root: int, parents: dict[int, int]) -> set[int]:
+    """`root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += children.get(pid, [])
+    return tree
+
+
+def outside_threads(exclude_tree_of: int) -> dict[Thread, tuple[int, int]] | None:
+    """Nanoseconds every thread outside the process tree of `exclude_tree_of` has spent running and
+    waiting for a CPU, since it started; None where the kernel keeps no per-thread schedstat."""
+    if not (PROC / "self" / "schedstat").is_file():
+        return None
+    parents = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat_fields(entry / "stat")[1])
+            except (OSError, ValueError, IndexError):
+                continue  # ended while read
+    excluded = _tree(exclude_tree_of, parents)
+    threads: dict[Thread, tuple[int, int]] = {}
+    for pid in parents.keys() - excluded:
+        try:
+            tids = [t.name for t in (PROC / str(pid) / "task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            task = PROC / str(pid) / "task" / tid
+            try:
+                run_ns, wait_ns = (int(x) for x in (task / "schedstat").read_text().split()[:2])
+                started = int(_stat_fields(task / "stat")[19])
+            except (OSError, ValueError, IndexError):
+                continue
+            threads[(int(tid), started)] = (run_ns, wait_ns)
+    if not any(wait for _, wait in threads.values()):
+        return None  # the file is there but nothing counts waits (no sched_info): no demand
+    return threads
+
+
+# A thread that ran less than this share of one CPU between the scans is a light one (a kernel
+# thread, a daemon): its wait is the latency the run beside it caused at each wake-up, not load
+# it offered. Measured in v18's first quiet timing job: DAMON's kernel thread waited 0.10 of a CPU
+# beside a QEMU window while running 0.006, and a block was refused for it. A CPU-bound thread
+# (the registered load's worker ran 0.24 of a CPU even beside every core busy) counts its wait.
+CPU_BOUND = 0.05
+
+
+def outside_demand_s(
+    before: dict[Thread, tuple[int, int]], after: dict[Thread, tuple[int, int]], span_s: float
+) -> tuple[float, float]:
+    """CPU seconds the outside threads wanted over the `span_s` seconds between two scans, and of
+    those the seconds they ran. A CPU-bound thread wants its time running plus waiting to run; a
+    light one (below CPU_BOUND), its time running. A thread that began after `before` counts from
+    its start; one that ended before `after` is missed (its CPU time is still in the machine's
+    ticks: the caller adds what the ticks hold beyond the threads seen)."""
+    wanted = ran = 0
+    for thread, (run_ns, wait_ns) in after.items():
+        run0, wait0 = before.get(thread, (0, 0))
+        run = run_ns - run0
+        ran += run
+        wanted += run + (wait_ns - wait0 if run >= CPU_BOUND * span_s * 1e9 else 0)
+    return wanted / 1e9, ran / 1e9

@@ -193,10 +193,11 @@ class TimingRule:
     replays the same training seed for the same window of valid trajectories back to back, in an
     order drawn from `order_seed` (ABBA at least), so that load that lasts minutes lands on
     both arms of a block. A block is run again (up to `max_reruns` times; every execution is
-    reported) where a window had more load from outside the run than `max_outside_load` (a
-    fraction of the machine's CPU time) or more steal than `max_steal`, or where its arms'
-    outside loads differ by more than `max_load_difference`: steady load beside both arms is a
-    condition the block measures under, load that came and went between them is not."""
+    reported) where a window's outside demand (CPU time the machine's other threads ran or
+    waited for, a fraction of the machine's: trainer/timing.py) passed `max_outside_load` or its
+    steal passed `max_steal`, or where its arms' outside demands differ by more than
+    `max_load_difference`: steady load beside both arms is a condition the block measures under,
+    load that came and went between them is not."""
 
     blocks: int
     order_seed: int

@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from envab import machine_load, preregistration
-from envab.envs.arms import ArmError, files_beside, host_log_beside
+from envab.envs.arms import ArmError, files_beside
 from envab.eval import workers
 from envab.eval.episodes import Protocol, summary
 from envab.eval.reuse import Store, evaluated_once, evaluation_key
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log", help="the job's log; the console then gets its progress")
     workers.add_cores_argument(parser)
+    workers.add_host_log_argument(parser)
     args = parser.parse_args(argv)
     run_dir = Path(args.pins).parent  # results/<exp>/<arm>/seed<k>
     name = Path(args.checkpoint).name
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 receipts,
                 files_beside(args.heldout),
                 args.cores,
-                host_log_beside(args.log),
+                workers.host_log_of(args),
             ),
             evaluated_for=f"{run_dir.parent.name}/{run_dir.name}/{name}",
         )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envab.envs.arms import host_log_beside
 from envab.trainer.compute import Compute
 
 if TYPE_CHECKING:
@@ -65,6 +66,19 @@ def add_cores_argument(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="the job's cores (Snakemake's threads): a CPU evaluation plays on that many processes",
     )
+
+
+def add_host_log_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host-log",
+        help="where an embedded host appends its log (by default beside --log: <log>.host.log); "
+        "the stop-at-target judge gives its own, whose evaluations keep no job log",
+    )
+
+
+def host_log_of(args: argparse.Namespace) -> str | None:
+    """The embedded host's log a job keeps: --host-log, else beside its --log, else none."""
+    return args.host_log or host_log_beside(args.log)
 
 
 def processes_for(compute: Compute, cores: int, tasks: int, backend: dict) -> int:

@@ -4,12 +4,17 @@ load rule, and the paired speed ratio, each shown flipping on the input that sho
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from envab import machine_load
 from envab.analysis.blocks import blocked_ratio, judge_blocks, trimmed
-from envab.trainer.timing import block_order, inadmissible, unequal_load
+from envab.trainer.timing import block_order, inadmissible, measured, unequal_load
 
 
 def test_pairs_of_blocks_run_abba_in_an_order_the_seed_fixes():
@@ -50,12 +55,62 @@ def test_a_window_past_the_rule_is_named(over, why):
 
 
 def test_steady_load_beside_both_arms_is_measured_under_but_load_that_came_and_went_is_not():
-    steady = {"qemu": window(outside_load=0.30), "drums": window(outside_load=0.26)}
+    steady = {"qemu": window(outside_demand=0.30), "drums": window(outside_demand=0.26)}
     assert unequal_load(steady, max_load_difference=0.1) is None
-    moved = {"qemu": window(outside_load=0.02), "drums": window(outside_load=0.31)}
+    moved = {"qemu": window(outside_demand=0.02), "drums": window(outside_demand=0.31)}
     assert unequal_load(moved, max_load_difference=0.1) == (
-        "outside load differs by 0.29 > 0.1 (drums 0.31, qemu 0.02)"
+        "outside demand differs by 0.29 > 0.1 (drums 0.31, qemu 0.02)"
     )
+
+
+def test_the_rule_judges_what_the_outside_job_wanted_not_what_the_arm_left_it():
+    # v17's whole job under one steady registered load: the CPU-hungry QEMU arm left the load
+    # 0.13 of the machine, drums 0.25; both arms had the same job beside them (demand 0.25)
+    same_job = {
+        "qemu": window(outside_load=0.13, outside_demand=0.26),
+        "drums": window(outside_load=0.25, outside_demand=0.25),
+    }
+    assert unequal_load(same_job, max_load_difference=0.1) is None
+    assert inadmissible(same_job["drums"], max_outside_load=0.2, max_steal=0.05) == (
+        "outside demand 0.25 > 0.2"
+    )
+    # a record that measured no demand (a kernel without per-thread schedstat, or v17's) is
+    # judged, as before, by the load obtained
+    before = {"qemu": window(outside_load=0.13), "drums": window(outside_load=0.25)}
+    assert unequal_load(before, max_load_difference=0.1) == (
+        "outside load differs by 0.12 > 0.1 (drums 0.25, qemu 0.13)"
+    )
+    # where one window measured demand and another did not, both by the same measure
+    mixed = {
+        "qemu": window(outside_load=0.13),
+        "drums": window(outside_load=0.25, outside_demand=0.14),
+    }
+    assert unequal_load(mixed, max_load_difference=0.1) == (
+        "outside load differs by 0.12 > 0.1 (drums 0.25, qemu 0.13)"
+    )
+
+
+def test_a_measured_window_records_demand_no_less_than_the_load_obtained():
+    # a real window beside a real outside job that always wants a CPU (it is not below this
+    # process, so it is outside the window's run)
+    if machine_load.outside_threads(1) is None:
+        pytest.skip("this kernel keeps no per-thread schedstat (CONFIG_SCHED_INFO)")
+    worker = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -c 'while 1: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(worker.stdout)
+    try:
+        record = measured(["sleep", "1.5"], dict(os.environ), Path(os.devnull))
+    finally:
+        os.kill(pid, 15)
+    cores = os.cpu_count() or 1
+    assert record["exit"] == 0
+    # the worker alone wanted one core for the whole window; the suite's other work adds to it
+    assert record["outside_demand"] >= 0.85 / cores, record
+    assert record["outside_demand"] >= record["outside_load"] - 1e-9, record
 
 
 def test_a_clear_speedup_is_faster_beyond_the_smallest_effect():
@@ -130,7 +185,14 @@ def test_a_block_whose_last_execution_is_inadmissible_does_not_count():
     executions = [execution(0, 0, 4.0, 16.0), execution(1, 0, 4.0, 40.0, admissible=False)]
     judged = judge_blocks(executions, "qemu", "drums", 0.05, 0.8)
     assert judged["blocks_kept"] == [0]
-    assert judged["verdict"] == "not tested: fewer than two blocks"
+    assert judged["verdict"] == (
+        "not tested: the admissibility rule (load, steal, a finished window) kept 1 of 2 blocks, "
+        "fewer than two"
+    )
+    # one block registered, and kept: too few by the registration, not by the load rule
+    assert judge_blocks(executions[:1], "qemu", "drums", 0.05, 0.8)["verdict"] == (
+        "not tested: fewer than two blocks"
+    )
 
 
 def timed(base_s: list[float], control_s: list[float]) -> list[dict]:

@@ -219,3 +219,12 @@ def test_a_judge_resumed_mid_way_judges_only_what_is_left(stopped, monkeypatch):
         STOP,
         "target_reached",
     )
+
+
+def test_the_evaluations_the_judge_plays_keep_their_embedded_hosts_log(stopped):
+    """The judge's evaluations run with no job log of their own: their embedded host's log (an
+    env_failure's only reason) goes to the judge's folder, as the eval rule's goes beside its."""
+    results = stopped.run.parent.parent
+    played = list((results / "judged" / "drums" / "seed1").glob("judge-*/host.log"))
+    assert played, sorted(p.name for p in (results / "judged" / "drums" / "seed1").rglob("*"))
+    assert all(log.stat().st_size > 0 for log in played)

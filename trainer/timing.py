@@ -9,11 +9,16 @@ registered order, each window measured with the load beside it.
 Each window is one training process (`python -m envab.trainer.grpo --timing-window N`, the
 trainer the A/B runs use, its pins a copy of the seed's), started from here so that this process
 can measure it from outside: its wall-clock, the CPU time of its whole process tree (wait4), and
-the machine's over the same window (/proc/stat, /proc/pressure/cpu). What the machine did beyond
-the run's own processes is the window's *outside load*; a block where a window's outside load or
-steal passes the registered rule, or whose arms' outside loads differ by more than it allows, is
-run again (up to `max_reruns` times). Every execution of
-every block is written to `--out`, kept or not, and the outcome lists them all.
+the machine's over the same window (/proc/stat, /proc/pressure/cpu), and what every thread
+outside the run asked of the CPUs (envab/machine_load.py: its time running, and a CPU-bound
+thread's waiting to run).
+What the machine's other processes wanted over the window is its *outside demand*; what they got
+is its *outside load*, kept beside it. The load rule judges demand: the CPU an outside job gets
+depends on the arm beside it (an arm that keeps every core busy leaves it less), so two arms
+under one steady outside job differ in outside load and not in demand. A block where a window's
+outside demand or steal passes the registered rule, or whose arms' outside demands differ by more
+than it allows, is run again (up to `max_reruns` times). Every execution of every block is
+written to `--out`, kept or not, and the outcome lists them all.
 
 Where training is bit-deterministic (CPU), a window replays exactly the first N valid trajectories
 of its seed's A/B run: the same work on both arms. Where it is not, it is the same work in
@@ -37,7 +42,7 @@ from envab import preregistration
 from envab.errors import Refusal
 from envab.hashing import sha256_file
 from envab.io import atomic_write_text
-from envab.machine_load import cpu_ticks
+from envab.machine_load import cpu_ticks, outside_demand_s, outside_threads
 from envab.progress import job_console
 from envab.trainer.guards import check_code, check_receipts, held_out
 
@@ -64,16 +69,25 @@ def block_seed(seeds: Sequence[int], block: int) -> int:
     return seeds[block % len(seeds)]
 
 
+def judged_load(window: dict) -> tuple[str, float | None]:
+    """The load the rule judges a window by: its outside demand; where the kernel keeps no
+    per-thread schedstat (or a record from before v18), the outside load it obtained."""
+    if window.get("outside_demand") is not None:
+        return "outside demand", window["outside_demand"]
+    return "outside load", window.get("outside_load")
+
+
 def inadmissible(window: dict, max_outside_load: float, max_steal: float) -> str | None:
-    """Why one arm's timed window does not count (None: it does): more CPU time from outside the
-    run than `max_outside_load` of the machine's, or more steal than `max_steal`, or a run that
-    did not finish its window."""
+    """Why one arm's timed window does not count (None: it does): more CPU time wanted from
+    outside the run than `max_outside_load` of the machine's, or more steal than `max_steal`, or
+    a run that did not finish its window."""
     if window.get("exit") != 0:
         return f"the run exited {window.get('exit')}"
     if not window.get("valid_trajectories"):
         return "no valid trajectory in the window"
-    if window["outside_load"] is not None and window["outside_load"] > max_outside_load:
-        return f"outside load {window['outside_load']:.2f} > {max_outside_load:g}"
+    name, load = judged_load(window)
+    if load is not None and load > max_outside_load:
+        return f"{name} {load:.2f} > {max_outside_load:g}"
     if window["steal_fraction"] is not None and window["steal_fraction"] > max_steal:
         return f"steal {window['steal_fraction']:.2f} > {max_steal:g}"
     return None
@@ -81,17 +95,20 @@ def inadmissible(window: dict, max_outside_load: float, max_steal: float) -> str
 
 def unequal_load(windows: dict[str, dict], max_load_difference: float) -> str | None:
     """Why a block's arms did not run under the same load (None: they did): their windows'
-    outside loads differ by more than `max_load_difference`. Steady load beside every arm is a
+    outside demands differ by more than `max_load_difference`. Steady load beside every arm is a
     condition the block measures under; load that came and went between the arms is not."""
-    loads = {
-        arm: w["outside_load"] for arm, w in windows.items() if w.get("outside_load") is not None
-    }
+    judged = {arm: judged_load(w) for arm, w in windows.items()}
+    if len({name for name, _ in judged.values()}) > 1:
+        # one window measured no demand: every window by the same measure, the load obtained
+        judged = {arm: ("outside load", w.get("outside_load")) for arm, w in windows.items()}
+    loads = {arm: load for arm, (_, load) in judged.items() if load is not None}
     if len(loads) < 2:
         return None
     spread = max(loads.values()) - min(loads.values())
     if spread > max_load_difference:
+        (name,) = {judged[arm][0] for arm in loads}
         said = ", ".join(f"{arm} {load:.2f}" for arm, load in sorted(loads.items()))
-        return f"outside load differs by {spread:.2f} > {max_load_difference:g} ({said})"
+        return f"{name} differs by {spread:.2f} > {max_load_difference:g} ({said})"
     return None
 
 
@@ -107,6 +124,11 @@ def _psi_some_us() -> int | None:
 def measured(command: list[str], env: dict, log: Path) -> dict:
     """Run one window's training process and measure it from outside: its wall-clock, its
     process tree's CPU seconds, and what the machine did over the same time."""
+    # The run's processes are this one's: outside is everything not below it. (A run process
+    # that outlived its window is re-parented away and counts as outside: a leak shows as load.)
+    scan0 = time.monotonic()
+    threads0 = outside_threads(os.getpid())
+    scan0 = (scan0 + time.monotonic()) / 2  # the threads were read, on average, mid-scan
     ticks0, psi0, t0 = cpu_ticks(), _psi_some_us(), time.monotonic()
     with open(log, "a") as out:
         process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
@@ -114,6 +136,9 @@ def measured(command: list[str], env: dict, log: Path) -> dict:
     process.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - t0
     ticks1, psi1 = cpu_ticks(), _psi_some_us()
+    scan1 = time.monotonic()
+    threads1 = outside_threads(os.getpid())
+    scan1 = (scan1 + time.monotonic()) / 2
     tree_cpu = usage.ru_utime + usage.ru_stime
     cores = os.cpu_count() or 1
     record = {
@@ -121,6 +146,8 @@ def measured(command: list[str], env: dict, log: Path) -> dict:
         "process_s": wall,
         "tree_cpu_s": tree_cpu,
         "outside_load": None,
+        "outside_demand": None,
+        "outside_unseen": None,
         "steal_fraction": None,
         "cpu_pressure_some": (psi1 - psi0) / (wall * 1e6) if None not in (psi0, psi1) else None,
     }
@@ -132,6 +159,16 @@ def measured(command: list[str], env: dict, log: Path) -> dict:
             busy_s = (delta[0] + delta[1] + delta[2] + delta[5] + delta[6]) / TICKS
             record["outside_load"] = max(0.0, busy_s - tree_cpu) / (wall * cores)
             record["steal_fraction"] = delta[7] / total
+            if threads0 is not None and threads1 is not None:
+                # the threads' seconds are over the time between the scans (a little more than
+                # the window: the scans are outside it), the ticks' over the window: as rates
+                span = scan1 - scan0
+                wanted, ran = outside_demand_s(threads0, threads1, span)
+                # what the ticks hold beyond the run and the threads seen (a process that began
+                # and ended inside the window, interrupts): counted as run, its wait unknown
+                unseen = max(0.0, (busy_s - tree_cpu) / wall - ran / span)
+                record["outside_demand"] = (wanted / span + unseen) / cores
+                record["outside_unseen"] = unseen / cores  # of it, obtained only (no wait seen)
     return record
 
 
