@@ -10,7 +10,10 @@ import json
 import pytest
 import yaml
 
+from envab.machine_load import outside_threads
 from envab.trainer.timing import block_order
+
+COUNTS_WAITS = outside_threads(1) is not None
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +70,12 @@ def test_every_block_ran_both_arms_back_to_back_in_the_registered_order(timed):
             assert w["exit"] == 0 and w["valid_trajectories"] >= 4, (arm, w)
             assert 0 < w["wall_clock_s"] <= w["provisioned_s"] < w["process_s"]
             assert w["tree_cpu_s"] > 0 and w["outside_load"] is not None
+            # what the load rule judges (v18): what the load beside it wanted, never less than
+            # what it obtained; none only where the kernel counts no per-thread waits
+            if COUNTS_WAITS:
+                assert w["outside_demand"] >= w["outside_load"] - 1e-9, w
+            else:
+                assert w["outside_demand"] is None, w
         # every window of a block the same amount of work, the timed control's included
         assert len({w["valid_trajectories"] for w in e["windows"].values()}) == 1, e["windows"]
         # bit-deterministic here: both arms of a block did the same work, step for step
