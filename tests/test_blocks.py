@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_machine_load import outside_job
 
 from envab import machine_load
 from envab.analysis.blocks import blocked_ratio, judge_blocks, trimmed
@@ -95,13 +94,7 @@ def test_a_measured_window_records_demand_no_less_than_the_load_obtained():
     # process, so it is outside the window's run)
     if machine_load.outside_threads(1) is None:
         pytest.skip("this kernel keeps no per-thread schedstat (CONFIG_SCHED_INFO)")
-    worker = subprocess.run(
-        ["bash", "-c", f"{sys.executable} -c 'while 1: pass' >/dev/null 2>&1 & echo $!"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pid = int(worker.stdout)
+    pid = outside_job(busy=1.0)
     try:
         record = measured(["sleep", "1.5"], dict(os.environ), Path(os.devnull))
     finally:

@@ -44,15 +44,19 @@ SPIN_BY_WALL = (
 )
 
 
-def outside_job(busy: float) -> int:
-    """A duty-cycle worker outside this process's tree (its shell parent exits): its pid."""
+def outside_process(code: str, *args: object) -> int:
+    """A Python process running `code`, outside this process's tree (its shell parent exits):
+    its pid. `code` ends by itself within a minute, should the test be killed before it."""
+    line = " ".join([sys.executable, "-c", f"'{code}'", *map(str, args)])
     shell = subprocess.run(
-        ["bash", "-c", f"{sys.executable} -c '{SPIN_BY_WALL}' {busy} >/dev/null 2>&1 & echo $!"],
-        capture_output=True,
-        text=True,
-        check=True,
+        ["bash", "-c", f"{line} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
     )
-    return int(shell.stdout.strip())
+    return int(shell.stdout)
+
+
+def outside_job(busy: float) -> int:
+    """A duty-cycle worker, busy by the clock `busy` of each period, outside this tree."""
+    return outside_process(SPIN_BY_WALL, busy)
 
 
 def demand_of(pid: int, before: dict, after: dict) -> tuple[float, float]:
@@ -157,13 +161,7 @@ LIGHT = (
 
 def test_a_light_outside_thread_wants_the_same_beside_a_busy_run_as_beside_an_idle_one():
     kernel_counts_waits()
-    shell = subprocess.run(
-        ["bash", "-c", f"{sys.executable} -c '{LIGHT}' >/dev/null 2>&1 & echo $!"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    light = int(shell.stdout)
+    light = outside_process(LIGHT)
     try:
         time.sleep(0.2)
         share = {}
