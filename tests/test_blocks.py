@@ -9,9 +9,8 @@ import random
 from pathlib import Path
 
 import pytest
-from test_machine_load import outside_job
+from test_machine_load import kernel_counts_waits, outside_job
 
-from envab import machine_load
 from envab.analysis.blocks import blocked_ratio, judge_blocks, trimmed
 from envab.trainer.timing import block_order, inadmissible, measured, unequal_load
 
@@ -92,8 +91,7 @@ def test_the_rule_judges_what_the_outside_job_wanted_not_what_the_arm_left_it():
 def test_a_measured_window_records_demand_no_less_than_the_load_obtained():
     # a real window beside a real outside job that always wants a CPU (it is not below this
     # process, so it is outside the window's run)
-    if machine_load.outside_threads(1) is None:
-        pytest.skip("this kernel keeps no per-thread schedstat (CONFIG_SCHED_INFO)")
+    kernel_counts_waits()
     pid = outside_job(busy=1.0)
     try:
         record = measured(["sleep", "1.5"], dict(os.environ), Path(os.devnull))
