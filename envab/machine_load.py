@@ -3,7 +3,10 @@
 Wall-clock comparisons between arms mean something only when the load beside them is known: the
 CPU time this job and its children used (getrusage), the load average, and the share of CPU time
 the hypervisor stole from this virtual machine (/proc/stat's `steal` column). A timed job takes a
-snapshot when its clock starts and reads the difference when it ends.
+snapshot when its clock starts and reads the difference when it ends (`Snapshot`, `since`).
+
+A timing window (trainer/timing.py) also reads what every thread outside its run asked of the
+CPUs, before and after (`outside_threads`, `outside_demand_s`): the load rule judges that demand.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from envab.procfs import stat_fields
 
 PROC_STAT = Path("/proc/stat")
 
@@ -91,13 +96,6 @@ PROC = Path("/proc")
 Thread = tuple[int, int]  # (tid, start time in ticks since boot): a tid the kernel reused is new
 
 
-def _stat_fields(path: Path) -> list[str]:
-    """/proc/<pid>/stat's fields after the command name (which may hold spaces and parentheses):
-    [0] is the state (field 3), [1] the parent pid (field 4), [19] the start time (field 22)."""
-    text = path.read_text()
-    return text[text.rindex(")") + 2 :].split()
-
-
 def _tree(root: int, parents: dict[int, int]) -> set[int]:
     """`root` and every process below it."""
     children: dict[int, list[int]] = {}
@@ -121,7 +119,7 @@ def outside_threads(exclude_tree_of: int) -> dict[Thread, tuple[int, int]] | Non
     for entry in PROC.iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = int(_stat_fields(entry / "stat")[1])
+                parents[int(entry.name)] = int(stat_fields(entry / "stat")[1])
             except (OSError, ValueError, IndexError):
                 continue  # ended while read
     excluded = _tree(exclude_tree_of, parents)
@@ -135,7 +133,7 @@ def outside_threads(exclude_tree_of: int) -> dict[Thread, tuple[int, int]] | Non
             task = PROC / str(pid) / "task" / tid
             try:
                 run_ns, wait_ns = (int(x) for x in (task / "schedstat").read_text().split()[:2])
-                started = int(_stat_fields(task / "stat")[19])
+                started = int(stat_fields(task / "stat")[19])
             except (OSError, ValueError, IndexError):
                 continue
             threads[(int(tid), started)] = (run_ns, wait_ns)

@@ -193,17 +193,19 @@ class TimingRule:
     replays the same training seed for the same window of valid trajectories back to back, in an
     order drawn from `order_seed` (ABBA at least), so that load that lasts minutes lands on
     both arms of a block. A block is run again (up to `max_reruns` times; every execution is
-    reported) where a window's outside demand (CPU time the machine's other threads ran or
-    waited for, a fraction of the machine's: trainer/timing.py) passed `max_outside_load` or its
-    steal passed `max_steal`, or where its arms' outside demands differ by more than
-    `max_load_difference`: steady load beside both arms is a condition the block measures under,
-    load that came and went between them is not."""
+    reported) where a window's outside demand (CPU time the machine's other threads ran, and the
+    CPU-bound ones waited for, a share of the machine's that passes 1 where more wanted a CPU than
+    it has: envab/machine_load.py) passed `max_outside_load` or its steal passed `max_steal`, or
+    where its arms' outside demands differ by more than `max_load_difference`: steady load beside
+    both arms is a condition the block measures under, load that came and went between them is
+    not. A demand bound of None judges nothing (demand is shown only): a machine shared on
+    purpose, such as the tests'."""
 
     blocks: int
     order_seed: int
     window_valid_trajectories: int
-    max_outside_load: float
-    max_load_difference: float
+    max_outside_load: float | None
+    max_load_difference: float | None
     max_steal: float
     max_reruns: int
     # how a timed A/A is judged: its interval covers 1, or lies inside the smallest effect of

@@ -15,17 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from envab.procfs import start_time
+
 OWNER = ".owner"
-
-
-def _started(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat, field 22), or None
-    when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # fields after the command name start at 3
 
 
 def sweep(prefix: str, base: str | Path | None = None) -> list[Path]:
@@ -35,7 +27,7 @@ def sweep(prefix: str, base: str | Path | None = None) -> list[Path]:
     for path in Path(base or tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
             pid, started = (path / OWNER).read_text().split()
-            alive = _started(int(pid)) == started
+            alive = start_time(int(pid)) == int(started)
         except (OSError, ValueError):
             continue
         if not alive:
@@ -48,5 +40,5 @@ def make(prefix: str, base: str | Path | None = None) -> Path:
     """A new scratch directory owned by this process, after sweeping its prefix's dead ones."""
     sweep(prefix, base)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    (path / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())}\n")
+    (path / OWNER).write_text(f"{os.getpid()} {start_time(os.getpid())}\n")
     return path

@@ -61,6 +61,25 @@ def test_steady_load_beside_both_arms_is_measured_under_but_load_that_came_and_w
     )
 
 
+def test_demand_past_the_whole_machine_is_refused_by_any_bound_and_kept_by_none():
+    # Demand passes 1 where more threads wanted a CPU than the machine has (the tests' own
+    # workers beside a test's run, say): a bound of 1.0 is a bound, not "no bound". A shared
+    # machine on purpose registers null.
+    crowded = {"qemu": window(outside_demand=1.6), "drums": window(outside_demand=0.4)}
+    assert inadmissible(crowded["qemu"], max_outside_load=1.0, max_steal=1.0) == (
+        "outside demand 1.60 > 1"
+    )
+    assert unequal_load(crowded, max_load_difference=1.0) == (
+        "outside demand differs by 1.20 > 1 (drums 0.40, qemu 1.60)"
+    )
+    assert inadmissible(crowded["qemu"], max_outside_load=None, max_steal=1.0) is None
+    assert unequal_load(crowded, max_load_difference=None) is None
+    # no bound on demand is no bound on the rest of the rule
+    assert inadmissible(window(exit=1), max_outside_load=None, max_steal=1.0) == (
+        "the run exited 1"
+    )
+
+
 def test_the_rule_judges_what_the_outside_job_wanted_not_what_the_arm_left_it():
     # v17's whole job under one steady registered load: the CPU-hungry QEMU arm left the load
     # 0.13 of the machine, drums 0.25; both arms had the same job beside them (demand 0.25)

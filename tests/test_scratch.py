@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from envab.envs import scratch
+from envab.procfs import start_time, stat_fields
 
 PREFIX = "envab-test-scratch-"
 
@@ -47,6 +49,23 @@ def test_a_reused_pid_does_not_keep_a_dead_owners_directory(tmp_path):
     start time is not the owner."""
     stale = tmp_path / f"{PREFIX}stale"
     stale.mkdir()
-    (stale / scratch.OWNER).write_text(f"1 {int(scratch._started(1) or 0) + 1}\n")
+    (stale / scratch.OWNER).write_text(f"1 {(start_time(1) or 0) + 1}\n")
     assert scratch.sweep(PREFIX, tmp_path) == [stale]
     assert not stale.exists()
+
+
+def test_a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields(tmp_path):
+    # the kernel writes the name as given: "(x) S 9 (" inside it must not read as fields
+    stat = tmp_path / "stat"
+    stat.write_text("4242 (x) S 9 (evil)) R 17 4242 " + " ".join(["0"] * 16) + " 777 0\n")
+    fields = stat_fields(stat)
+    assert (fields[0], fields[1], fields[19]) == ("R", "17", "777")
+    # and the real file: this process's parent, and a start time no later than its child's
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert int(stat_fields(Path(f"/proc/{child.pid}/stat"))[1]) == os.getpid()
+        assert start_time(os.getpid()) <= start_time(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert start_time(child.pid) is None

@@ -37,13 +37,15 @@ def timed(tmp_path_factory, make_workflow):
             "alpha": 0.05,
             "smallest_effect": 0.8,
         }
-        # Outside load: loose, the tests' other workers share the machine.
+        # No bound on outside demand: the tests' other workers share the machine, and beside
+        # them demand passes 1 (more threads want a CPU than there are). The rule itself:
+        # tests/test_blocks.py.
         t["timing"] = {
             "blocks": 2,
             "order_seed": 5,
             "window_valid_trajectories": 4,
-            "max_outside_load": 1.0,
-            "max_load_difference": 1.0,
+            "max_outside_load": None,
+            "max_load_difference": None,
             "max_steal": 1.0,
             "max_reruns": 0,
             "controls": ["drums-aa"],

@@ -77,26 +77,29 @@ def judged_load(window: dict) -> tuple[str, float | None]:
     return "outside load", window.get("outside_load")
 
 
-def inadmissible(window: dict, max_outside_load: float, max_steal: float) -> str | None:
+def inadmissible(window: dict, max_outside_load: float | None, max_steal: float) -> str | None:
     """Why one arm's timed window does not count (None: it does): more CPU time wanted from
-    outside the run than `max_outside_load` of the machine's, or more steal than `max_steal`, or
-    a run that did not finish its window."""
+    outside the run than `max_outside_load` of the machine's (None: no bound), or more steal
+    than `max_steal`, or a run that did not finish its window."""
     if window.get("exit") != 0:
         return f"the run exited {window.get('exit')}"
     if not window.get("valid_trajectories"):
         return "no valid trajectory in the window"
     name, load = judged_load(window)
-    if load is not None and load > max_outside_load:
+    if load is not None and max_outside_load is not None and load > max_outside_load:
         return f"{name} {load:.2f} > {max_outside_load:g}"
     if window["steal_fraction"] is not None and window["steal_fraction"] > max_steal:
         return f"steal {window['steal_fraction']:.2f} > {max_steal:g}"
     return None
 
 
-def unequal_load(windows: dict[str, dict], max_load_difference: float) -> str | None:
+def unequal_load(windows: dict[str, dict], max_load_difference: float | None) -> str | None:
     """Why a block's arms did not run under the same load (None: they did): their windows'
-    outside demands differ by more than `max_load_difference`. Steady load beside every arm is a
-    condition the block measures under; load that came and went between the arms is not."""
+    outside demands differ by more than `max_load_difference` (None: no bound). Steady load
+    beside every arm is a condition the block measures under; load that came and went between the
+    arms is not."""
+    if max_load_difference is None:
+        return None
     judged = {arm: judged_load(w) for arm, w in windows.items()}
     if len({name for name, _ in judged.values()}) > 1:
         # one window measured no demand: every window by the same measure, the load obtained
