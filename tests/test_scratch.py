@@ -1,4 +1,5 @@
-"""Scratch directories of killed processes are swept; a live owner's are not (envs/scratch.py)."""
+"""Scratch directories of killed processes are swept; a live owner's are not (envs/scratch.py),
+the owner told apart by the one /proc stat reader (envab/procfs.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def test_a_reused_pid_does_not_keep_a_dead_owners_directory(tmp_path):
 
 
 def test_a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields(tmp_path):
-    # the kernel writes the name as given: "(x) S 9 (" inside it must not read as fields
+    # the kernel writes the command name as given: a process named "x) S 9 (evil" must not
+    # have its ") S 9 (" read as fields
     stat = tmp_path / "stat"
     stat.write_text("4242 (x) S 9 (evil)) R 17 4242 " + " ".join(["0"] * 16) + " 777 0\n")
     fields = stat_fields(stat)
