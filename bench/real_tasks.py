@@ -23,7 +23,11 @@ and of the verification; then a fork of each task's set-up desktop (its editor o
 `--fork` children: the time per child, a step and a screenshot on a child, and the memory of each
 sandbox (proportional set size, from the verdict's audit). `--screens` keeps each play's last
 screenshot as a PNG. Exits 1 when any oracle scores other than 1 or any no-op or near miss other
-than 0.
+than 0, or any play fails to run.
+
+`--out` is written again after every play (`"complete": false` until the last), so an interrupted
+run keeps what it played; `--resume` reads it back and plays only what it lacks. A play that raises
+is a row with verdict `error: ...` (a wrong score), and the run goes on to the next.
 """
 
 from __future__ import annotations
@@ -153,8 +157,50 @@ def forked(pool: Pool, task: dict, n: int) -> dict:
     }
 
 
-def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], dict, float]:
-    """Every play of every task on one arm: the rows, the forks (gVisor only) and the time."""
+def attempt(pool: Pool, task: dict, actions: list[dict], screens: Path | None, name: str) -> dict:
+    """One play, or the error that stopped it: an hour of plays goes on past one broken play."""
+    t0 = time.perf_counter()
+    try:
+        return play(pool, task, actions, screens, name)
+    except Exception as e:  # noqa: BLE001 - recorded as a wrong score, never dropped
+        took = time.perf_counter() - t0
+        return {"score": None, "verdict": f"error: {type(e).__name__}: {e}"[:300],
+                "create_s": took, "actions_s": 0.0, "verify_s": 0.0}  # fmt: skip
+
+
+class Record:
+    """The rows so far, written to `--out` after every play (atomically: a reader never sees half a
+    file), and the plays an earlier, interrupted run of the same command already recorded."""
+
+    def __init__(self, out: Path | None, digest: str, resume: bool) -> None:
+        self.out, self.digest, self.rows, self.forks = out, digest, [], {}
+        if resume and out is not None and out.is_file():
+            earlier = json.loads(out.read_text())
+            if earlier.get("image") != digest:
+                raise SystemExit(f"{out} was played on image {earlier.get('image')}, not {digest}")
+            self.rows = earlier["rows"]
+            self.forks = earlier.get("forks", {})
+
+    def played(self, arm: str, task: str, name: str) -> bool:
+        return any((r["arm"], r["task"], r["play"]) == (arm, task, name) for r in self.rows)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.write(complete=False)
+
+    def write(self, complete: bool) -> None:
+        if self.out is None:
+            return
+        kept = [{k: v for k, v in r.items() if not k.endswith("_screen")} for r in self.rows]
+        body = {"image": self.digest, "complete": complete, "rows": kept, "forks": self.forks}
+        part = self.out.with_name(self.out.name + ".part")
+        part.write_text(json.dumps(body, indent=2))
+        part.replace(self.out)
+
+
+def run_arm(sandbox: str, built, tasks, solutions, args, record: Record) -> float:
+    """Every play of every task on one arm not yet in `record`, each added to it as it ends, then
+    the forks (gVisor only); returns the time the arm took."""
     gvisor = sandbox == "gvisor"  # QEMU boots the disk it makes from the same folder
     pool = Pool(HostConfig(mode="fork" if gvisor else "restore", sandbox=sandbox,
                            world="xdesktop", rootfs=str(built.rootfs) if gvisor else None,
@@ -162,22 +208,26 @@ def run_arm(sandbox: str, built, tasks, solutions, args) -> tuple[list[dict], di
                            step_timeout_s=60, create_timeout_s=600))  # fmt: skip
     t0 = time.perf_counter()
     pool.start()
-    rows = []
     try:
         for task in tasks:
             for name, actions, must in plays(solutions[task["id"]])[
                 : 1 if args.oracle_only else None
             ]:
-                r = play(pool, task, actions, args.screens and args.screens / sandbox, name)
-                rows.append({"arm": sandbox, "task": task["id"], "play": name, "must": must, **r})
-                print(f"{sandbox} {task['id']} {name}: {r['score']} ({r['verdict']})",
-                      file=sys.stderr)  # fmt: skip
-        forks = {}
+                if record.played(sandbox, task["id"], name):
+                    continue
+                r = attempt(pool, task, actions, args.screens and args.screens / sandbox, name)
+                record.add({"arm": sandbox, "task": task["id"], "play": name, "must": must, **r})
+                print(f"{sandbox} {task['id']} {name}: {r['score']} ({r['verdict']}) "
+                      f"{r['create_s'] + r['actions_s'] + r['verify_s']:.0f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
         if args.fork and gvisor:
-            forks = {t["id"]: forked(pool, t, args.fork) for t in tasks}
+            for t in tasks:
+                if t["id"] not in record.forks:
+                    record.forks[t["id"]] = forked(pool, t, args.fork)
+                    record.write(complete=False)
     finally:
         pool.stop()
-    return rows, forks, time.perf_counter() - t0
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=REPO / "build" / "xdesktop")
     p.add_argument("--screens", type=Path)
     p.add_argument("--fork", type=int, default=4, help="children per measured fork (0: none)")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="JSON of every play, written after each one")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --out: keep the plays it holds (same image) and play only the rest",
+    )
     p.add_argument("--image", choices=("base", "full"), default="base")
     p.add_argument(
         "--oracle-only",
@@ -220,16 +275,19 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"no such task in {args.tasks}: {', '.join(sorted(unknown))}")
         tasks = [t for t in tasks if t["id"] in args.task]
     arms = ("gvisor", "qemu") if args.sandbox == "both" else (args.sandbox,)
-    rows, forks, took = [], {}, {}
-    for arm in arms:
-        arm_rows, arm_forks, took[arm] = run_arm(arm, built, tasks, solutions, args)
-        rows += arm_rows
-        forks.update(arm_forks)
+    record = Record(args.out, built.digest, args.resume)
+    took = {arm: run_arm(arm, built, tasks, solutions, args, record) for arm in arms}
+    chosen = {t["id"] for t in tasks}
+    rows = [r for r in record.rows if r["arm"] in arms and r["task"] in chosen]
+    forks = {k: f for k, f in record.forks.items() if k in chosen}
     wrong = sum(r["score"] != r["must"] for r in rows)
+    spent = {a: sum(r["create_s"] + r["actions_s"] + r["verify_s"] for r in rows if r["arm"] == a)
+             for a in arms}  # fmt: skip
     lines = [
         f"X desktop {built.image} {built.digest[:16]}; "
         + ", ".join(
-            f"{arm}: {sum(r['arm'] == arm for r in rows)} plays in {took[arm]:.0f} s"
+            f"{arm}: {sum(r['arm'] == arm for r in rows)} plays taking "
+            f"{spent[arm]:.0f} s ({took[arm]:.0f} s this run, host start included)"
             for arm in arms
         ),  # fmt: skip
         "",
@@ -252,15 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "| task | play | screens after set-up, gVisor vs QEMU | after the last "
                   "action |", "|---|---|---|---|"]  # fmt: skip
         for r in (r for r in rows if r["arm"] == "gvisor"):
-            q = by[("qemu", r["task"], r["play"])]
+            q = by.get(("qemu", r["task"], r["play"]), {})
             lines.append(f"| {r['task']} | {r['play']} "
-                         f"| {compared(r['first_screen'], q['first_screen'])} "
-                         f"| {compared(r['last_screen'], q['last_screen'])} |")  # fmt: skip
+                         f"| {compared(r.get('first_screen'), q.get('first_screen'))} "
+                         f"| {compared(r.get('last_screen'), q.get('last_screen'))} |")  # fmt: skip
     print("\n".join(lines))
-    if args.out:
-        kept = [{k: v for k, v in r.items() if not k.endswith("_screen")} for r in rows]
-        args.out.write_text(json.dumps({"image": built.digest, "rows": kept, "forks": forks},
-                                       indent=2))  # fmt: skip
+    record.write(complete=True)
     return 1 if wrong or not all(f["valid"] for f in forks.values()) else 0
 
 

@@ -34,6 +34,27 @@ def shrink_budget(target: dict, *, valid: int, wall_clock_s: float, interval: in
     shrink_timing(target, interval)
 
 
+def one_drums_arm(workflow) -> None:
+    """The tests' tiny recipe, the Drums arm alone in its namespace sandbox, one seed, no
+    controls, a budget of two GRPO steps."""
+    workflow.tiny_recipe()
+    arm = {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "namespaces",
+           "deterministic_screens": True}  # fmt: skip
+    workflow.edit_config(lambda c: c.update(arms={"drums": arm}))
+
+    def target(t):
+        shrink_budget(t, valid=8, wall_clock_s=900, interval=4)
+        t["arms"] = ["drums"]
+        t["prices"]["host_usd_per_hour"] = {"drums": 0.10}
+        t["evaluation"]["backend"] = "drums"
+        t.pop("controls", None)
+        t.pop("control_seeds", None)
+        t.pop("timing", None)  # the speed blocks need two arms
+        t.pop("primary_endpoint", None)
+
+    workflow.edit_target(target)
+
+
 def keep_timed_controls(target: dict) -> None:
     """Time in the blocks only the timed controls `target` still registers: a copy of the
     shipped target with controls or arms of its own (timed controls: tests/test_timing.py)."""

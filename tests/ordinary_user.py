@@ -87,6 +87,13 @@ def _view(paths: list[Path]) -> list[str]:
     return lines
 
 
+def view(*reads: Path) -> list[str]:
+    """Shell lines, run as root in a private mount namespace, after which the user reaches the
+    interpreter, the environment, the checkout and `reads`: for a command of theirs, or for
+    daemons that start the user's jobs (a SLURM node's slurmd, whose jobs inherit its mounts)."""
+    return _view([Path(sys.base_prefix), Path(sys.prefix), REPO, *reads])
+
+
 def command(
     argv: list[str], home: Path, env: dict[str, str] | None = None, reads: tuple[Path, ...] = ()
 ) -> list[str]:
@@ -94,7 +101,6 @@ def command(
     environment; `reads`: other paths the command reads (the interpreter, the environment and
     the checkout are always there)."""
     uid, gid = user_ids()
-    needed = [Path(sys.base_prefix), Path(sys.prefix), REPO, home, *reads]
     variables = {
         "HOME": str(home),
         "TMPDIR": str(home),  # nothing of the user's left in /tmp
@@ -106,7 +112,7 @@ def command(
     become = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
     become += ["--inh-caps=-all", "--bounding-set=-all", "env", "-i"]
     become += [f"{k}={v}" for k, v in variables.items()]
-    script = "\n".join([*_view(needed), 'exec "$@"'])
+    script = "\n".join([*view(home, *reads), 'exec "$@"'])
     return ["unshare", "--mount", "--propagation", "private", "sh", "-ec", script, "sh",
             *become, *argv]  # fmt: skip
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import ordinary_user
 import pytest
 from conftest import SHIPPED_EXP as EXP
-from conftest import shrink_budget
+from conftest import one_drums_arm
 
 from envab.envs.host import namespaces
 
@@ -27,27 +27,6 @@ pytestmark = [
         reason=f"namespace sandbox: {namespaces.namespaces_problem()}",
     ),
 ]
-
-
-def one_drums_arm(workflow) -> None:
-    """The tests' tiny recipe, the Drums arm alone in its namespace sandbox, one seed, no
-    controls, a budget of two GRPO steps."""
-    workflow.tiny_recipe()
-    arm = {"backend": "drums", "url": "embedded", "mode": "fork", "sandbox": "namespaces",
-           "deterministic_screens": True}  # fmt: skip
-    workflow.edit_config(lambda c: c.update(arms={"drums": arm}))
-
-    def target(t):
-        shrink_budget(t, valid=8, wall_clock_s=900, interval=4)
-        t["arms"] = ["drums"]
-        t["prices"]["host_usd_per_hour"] = {"drums": 0.10}
-        t["evaluation"]["backend"] = "drums"
-        t.pop("controls", None)
-        t.pop("control_seeds", None)
-        t.pop("timing", None)  # the speed blocks need two arms
-        t.pop("primary_endpoint", None)
-
-    workflow.edit_target(target)
 
 
 def test_the_drums_arm_runs_end_to_end_and_verifies_as_an_ordinary_user(make_workflow):

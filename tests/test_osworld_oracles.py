@@ -91,7 +91,10 @@ def test_an_oracle_scores_1_by_osworlds_evaluator_and_its_near_miss_and_noop_0(
     plays = [(entry["oracle"], 1.0), ([], 0.0), (entry["near_misses"][0]["actions"], 0.0)]
     for actions, want in plays:
         verdict = play_on(full_image_pool, task, actions)
-        assert (verdict["score"], verdict["valid"]) == (want, True), (want, verdict)
+        # The whole verdict on failure (the checker's audit: what the getter read), not
+        # pytest's shortened repr: an oracle that scored 0 once beside other load said nothing more.
+        shown = json.dumps(verdict, default=str, indent=1)[:6000]
+        assert (verdict["score"], verdict["valid"]) == (want, True), f"must be {want}: {shown}"
 
 
 def test_the_osworld_rehearsal_samples_the_tasks_with_oracles_and_validates(monkeypatch):

@@ -16,11 +16,13 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import ordinary_user
 import pytest
-from conftest import copy_workflow
+from conftest import SHIPPED_EXP, copy_workflow, one_drums_arm
 
 from envab import digests
 
@@ -45,8 +47,10 @@ def why_no_cluster() -> str | None:
     return None
 
 
-def script(action: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SCRIPT), action], capture_output=True, text=True, timeout=timeout)
+def script(action: str, timeout: float, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SCRIPT), action, *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @contextmanager
@@ -67,6 +71,25 @@ def one_session_at_a_time(timeout: float = 1800):
         yield
 
 
+def up_where_users_reach_python() -> subprocess.CompletedProcess:
+    """`cluster/slurm-local up` in a private mount namespace that shows an ordinary user the
+    project's interpreter, environment and checkout (tests/ordinary_user.py): the daemons, and so
+    every job slurmd starts, inherit it. Nothing changes where those are open to every user
+    already; here the interpreter sits in root's 0700 home, as a cluster's never would."""
+    lines = ordinary_user.view() if ordinary_user.why_not_here() is None else []
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+         "\n".join([*lines, 'exec "$@"']), "sh", str(SCRIPT), "up"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+@dataclass
+class Cluster:
+    started_here: bool  # False: it was up before this session, its daemons started elsewhere
+    user: str | None  # the ordinary user added to the account, where the session is root's
+
+
 @pytest.fixture(scope="module")
 def cluster():
     reason = why_no_cluster()
@@ -76,11 +99,17 @@ def cluster():
         pytest.skip(reason)
     with one_session_at_a_time():
         was_up = script("status", 60).returncode == 0  # someone's cluster: left up at the end
-        up = script("up", 900)  # a first `up` installs the packages
+        up = up_where_users_reach_python()  # a first `up` installs the packages
         if up.returncode != 0 and not was_up:
             script("down", 300)  # what started before the step that failed
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        yield up.stdout
+        user = None
+        if ordinary_user.why_not_here() is None:
+            ordinary_user.user_ids()  # made where missing
+            added = script("add-user", 60, ordinary_user.USER)
+            assert added.returncode == 0, added.stdout + added.stderr
+            user = ordinary_user.USER
+        yield Cluster(started_here=not was_up, user=user)
         if not was_up:
             down = script("down", 300)
             assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
@@ -176,3 +205,47 @@ def test_the_small_run_on_a_single_node_slurm_cluster(cluster, tmp_path):
     assert verify.returncode == 0, (verify.stdout + verify.stderr)[-6000:]
     counts = re.search(r"verify: (\d+) ok, (\d+) failed", verify.stdout + verify.stderr)
     assert counts and int(counts.group(1)) > 0 and counts.group(2) == "0", verify.stdout[-3000:]
+
+
+def test_an_ordinary_users_registration_runs_through_slurm_as_that_user(cluster, make_workflow):
+    """The SLURM profile as a researcher meets it: not root. A registration of the Drums arm in
+    its namespace sandbox (tests/test_ordinary_user.py's; gVisor needs root) submitted through
+    profiles/slurm-local by an ordinary user: every job theirs in sacct and COMPLETED, every file
+    the run made theirs, and `verify` passes as them."""
+    if cluster.user is None:
+        pytest.skip(f"no ordinary user to switch to: {ordinary_user.why_not_here()}")
+    if not cluster.started_here:
+        pytest.skip("the cluster was up before this session: its slurmd may not show the user "
+                    "this project's interpreter (see up_where_users_reach_python)")  # fmt: skip
+    home = Path(tempfile.mkdtemp(prefix="envab-user-"))
+    try:
+        (home / "workflow").mkdir()
+        workflow = make_workflow(home / "workflow")
+        one_drums_arm(workflow)
+        ordinary_user.own(home)
+        snakemake = [sys.executable, "-m", "snakemake"]
+        run = ordinary_user.run([*snakemake, "--profile", str(PROFILE)], home=home,
+                                cwd=workflow.root, timeout=RUN_TIMEOUT_S)  # fmt: skip
+        out = run.stdout + run.stderr
+        assert run.returncode == 0, out[-6000:]
+
+        run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
+        submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", out)
+        assert len(submitted) >= 5, out[-6000:]  # the freeze, sft, train, evaluations, ...
+        jobs = sacct(run_id)
+        assert sorted(jobs) == sorted(submitted), (jobs, submitted)
+        assert {state for state, _ in jobs.values()} == {"COMPLETED"}, jobs
+        owners = subprocess.run(
+            ["sacct", "-P", "-n", "-X", "--format=User", "--starttime", "now-2days",
+             "--name", run_id], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert set(owners.stdout.split()) == {cluster.user}, owners.stdout + owners.stderr
+
+        verify = ordinary_user.run([*snakemake, "--cores", "1", "verify"], home=home,
+                                   cwd=workflow.root, timeout=600)  # fmt: skip
+        assert verify.returncode == 0, (verify.stdout + verify.stderr)[-4000:]
+        assert (workflow.root / "results" / SHIPPED_EXP / "outcome.md").is_file()
+        uid, _ = ordinary_user.user_ids()
+        assert {p.lstat().st_uid for p in workflow.root.rglob("*")} == {uid}  # nothing of root's
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
