@@ -205,7 +205,7 @@ def run_arm(sandbox: str, built, tasks, solutions, args, record: Record) -> floa
     pool = Pool(HostConfig(mode="fork" if gvisor else "restore", sandbox=sandbox,
                            world="xdesktop", rootfs=str(built.rootfs) if gvisor else None,
                            image=built.image,
-                           step_timeout_s=60, create_timeout_s=600))  # fmt: skip
+                           step_timeout_s=args.step_timeout, create_timeout_s=600))  # fmt: skip
     t0 = time.perf_counter()
     pool.start()
     try:
@@ -257,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --out: keep the plays it holds (same image) and play only the rest",
     )
     p.add_argument("--image", choices=("base", "full"), default="base")
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=60,
+        help="seconds one action may take (default 60); QEMU under TCG, with no KVM, may need more",
+    )
     p.add_argument(
         "--oracle-only",
         action="store_true",
