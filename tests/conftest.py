@@ -7,6 +7,8 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,24 @@ def one_drums_arm(workflow) -> None:
         t.pop("primary_endpoint", None)
 
     workflow.edit_target(target)
+
+
+@contextmanager
+def an_ordinary_users_workflow(make_workflow):
+    """A home of the ordinary user's own (tests/ordinary_user.py; removed after) holding a
+    workflow copy registered by `one_drums_arm`, everything in it theirs: yields (home,
+    workflow)."""
+    import ordinary_user
+
+    home = Path(tempfile.mkdtemp(prefix="envab-user-"))
+    try:
+        (home / "workflow").mkdir()
+        workflow = make_workflow(home / "workflow")
+        one_drums_arm(workflow)
+        ordinary_user.own(home)
+        yield home, workflow
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def keep_timed_controls(target: dict) -> None:

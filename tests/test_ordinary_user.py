@@ -6,15 +6,12 @@ the user's; none needed root. The QEMU arm's guest build still does (debootstrap
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import ordinary_user
 import pytest
 from conftest import SHIPPED_EXP as EXP
-from conftest import one_drums_arm
+from conftest import an_ordinary_users_workflow
 
 from envab.envs.host import namespaces
 
@@ -30,12 +27,7 @@ pytestmark = [
 
 
 def test_the_drums_arm_runs_end_to_end_and_verifies_as_an_ordinary_user(make_workflow):
-    home = Path(tempfile.mkdtemp(prefix="envab-user-"))
-    try:
-        (home / "workflow").mkdir()
-        workflow = make_workflow(home / "workflow")
-        one_drums_arm(workflow)
-        ordinary_user.own(home)
+    with an_ordinary_users_workflow(make_workflow) as (home, workflow):
         snakemake = [sys.executable, "-m", "snakemake", "--cores", "2"]
         run = ordinary_user.run(snakemake, home=home, cwd=workflow.root, timeout=1200)
         assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
@@ -51,5 +43,3 @@ def test_the_drums_arm_runs_end_to_end_and_verifies_as_an_ordinary_user(make_wor
         assert {p.lstat().st_uid for p in workflow.root.rglob("*")} == {uid}  # nothing of root's
         pins = json.loads((workflow.root / "results" / EXP / "drums/seed1/pins.json").read_text())
         assert "namespaces" in json.dumps(pins)  # the arm that ran is the sandbox asked for
-    finally:
-        shutil.rmtree(home, ignore_errors=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import ordinary_user
 import pytest
-from conftest import SHIPPED_EXP, copy_workflow, one_drums_arm
+from conftest import SHIPPED_EXP, an_ordinary_users_workflow, copy_workflow
 
 from envab import digests
 
@@ -217,12 +217,7 @@ def test_an_ordinary_users_registration_runs_through_slurm_as_that_user(cluster,
     if not cluster.started_here:
         pytest.skip("the cluster was up before this session: its slurmd may not show the user "
                     "this project's interpreter (see up_where_users_reach_python)")  # fmt: skip
-    home = Path(tempfile.mkdtemp(prefix="envab-user-"))
-    try:
-        (home / "workflow").mkdir()
-        workflow = make_workflow(home / "workflow")
-        one_drums_arm(workflow)
-        ordinary_user.own(home)
+    with an_ordinary_users_workflow(make_workflow) as (home, workflow):
         snakemake = [sys.executable, "-m", "snakemake"]
         run = ordinary_user.run([*snakemake, "--profile", str(PROFILE)], home=home,
                                 cwd=workflow.root, timeout=RUN_TIMEOUT_S)  # fmt: skip
@@ -247,5 +242,3 @@ def test_an_ordinary_users_registration_runs_through_slurm_as_that_user(cluster,
         assert (workflow.root / "results" / SHIPPED_EXP / "outcome.md").is_file()
         uid, _ = ordinary_user.user_ids()
         assert {p.lstat().st_uid for p in workflow.root.rglob("*")} == {uid}  # nothing of root's
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
